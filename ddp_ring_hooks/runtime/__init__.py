@@ -1,0 +1,8 @@
+"""Runs schedules on ``torch.distributed``; knows nothing about DDP."""
+
+from .all_reduce import all_reduce
+from .executor import run_schedule
+from .observer import NULL_OBSERVER, ExecutionObserver
+from .worker import CommWorker
+
+__all__ = ["NULL_OBSERVER", "CommWorker", "ExecutionObserver", "all_reduce", "run_schedule"]

@@ -1,0 +1,28 @@
+"""Hooks into the executor for whoever wants to watch it run: telemetry and trace recording.
+
+The executor calls an observer at phase boundaries and after each step it posts. The base
+class does nothing, so an observer overrides only what it needs. Observers must be cheap:
+they run on the communication path (on CUDA they may record events, never synchronize).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..schedules import RankStep
+
+
+class ExecutionObserver:
+    """Receives the executor's progress through one all-reduce. Every method is a no-op."""
+
+    def on_phase(self, phase: str) -> None:
+        """A new phase of the schedule (e.g. ``"all-gather"``) is about to start."""
+
+    def on_step(self, index: int, step: RankStep, chunk_bytes: Sequence[int]) -> None:
+        """Step ``index`` was posted; ``chunk_bytes[c]`` is the size of chunk ``c``."""
+
+    def on_finish(self) -> None:
+        """The last step was posted (on CUDA: enqueued) and the result is in the buffer."""
+
+
+NULL_OBSERVER = ExecutionObserver()

@@ -1,0 +1,69 @@
+"""A single background thread that runs communication jobs in the order they arrive.
+
+gloo's point-to-point work has no futures, and ``wait()`` blocks the calling thread. Running
+the ring inline in a DDP hook would block the autograd thread, so backward could no longer
+overlap communication. Instead the hook hands each bucket to this worker and returns a
+``torch.futures.Future`` at once; the worker runs the jobs strictly first-in first-out (DDP
+hands buckets over in the same order on every rank, so every rank runs the same sequence),
+and completes each Future with the result or with the exception, which DDP then raises.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+Result = TypeVar("Result")
+
+_STOP = object()
+
+
+class CommWorker:
+    """One daemon thread, started on the first job, fed through a FIFO queue."""
+
+    def __init__(self, name: str = "ddp-ring-hooks-comm") -> None:
+        self._name = name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], Result]) -> torch.futures.Future:
+        """Queue ``job``; the returned Future completes with its result or exception."""
+        future: torch.futures.Future = torch.futures.Future()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._jobs.put((job, future))
+        return future
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the queued jobs, then stop the thread (a later submit starts a new one)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            if thread is None:
+                return
+            self._jobs.put(_STOP)
+        thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is _STOP:
+                return
+            job, future = item
+            try:
+                result = job()
+            except BaseException as error:  # noqa: BLE001 - every failure must reach the Future
+                future.set_exception(error)
+            else:
+                future.set_result(result)

@@ -1,0 +1,113 @@
+"""The schedule IR: an all-reduce algorithm written down as plain, immutable data.
+
+A :class:`Schedule` splits the buffer into ``num_chunks`` chunks (like ``torch.tensor_split``)
+and lists :class:`Step` s. In one step every :class:`Transfer` happens at once: ``src`` sends
+the value its chunk ``chunk`` had *at the start of the step* to ``dst``, which then either adds
+it to its own copy of that chunk (``Op.REDUCE``) or overwrites its copy (``Op.COPY``)::
+
+    step 0  reduce-scatter   0 -c3-> 1   1 -c0-> 2   2 -c1-> 3   3 -c2-> 0   (all REDUCE)
+
+Nothing here imports torch: schedules can be built, checked, printed, costed and animated on
+any laptop. The runtime turns a rank's view of a schedule (:meth:`Schedule.plan_for`) into
+point-to-point operations.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from dataclasses import dataclass
+
+
+class Op(str, enum.Enum):
+    """What the receiver does with a chunk it receives."""
+
+    REDUCE = "reduce"
+    COPY = "copy"
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """``src`` sends chunk ``chunk`` to ``dst``, which reduces or copies it."""
+
+    src: int
+    dst: int
+    chunk: int
+    op: Op
+
+    def __str__(self) -> str:
+        arrow = "+>" if self.op is Op.REDUCE else "=>"
+        return f"{self.src} {arrow} {self.dst} c{self.chunk}"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Transfers that all happen concurrently; ``phase`` names the part of the algorithm."""
+
+    phase: str
+    transfers: tuple[Transfer, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One rank's view of a transfer it sends."""
+
+    peer: int
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
+class Receive:
+    """One rank's view of a transfer it receives."""
+
+    peer: int
+    chunk: int
+    op: Op
+
+
+@dataclass(frozen=True, slots=True)
+class RankStep:
+    """What one rank does in one step: the sends and receives it posts together."""
+
+    phase: str
+    sends: tuple[Send, ...]
+    receives: tuple[Receive, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """An all-reduce over ``world_size`` ranks as a sequence of steps on ``num_chunks`` chunks."""
+
+    algorithm: str
+    world_size: int
+    num_chunks: int
+    steps: tuple[Step, ...]
+
+    @property
+    def phases(self) -> tuple[tuple[str, int, int], ...]:
+        """Consecutive runs of steps with the same phase, as ``(name, first, stop)``."""
+        runs: list[tuple[str, int, int]] = []
+        for index, step in enumerate(self.steps):
+            if runs and runs[-1][0] == step.phase:
+                runs[-1] = (step.phase, runs[-1][1], index + 1)
+            else:
+                runs.append((step.phase, index, index + 1))
+        return tuple(runs)
+
+    def plan_for(self, rank: int) -> tuple[RankStep, ...]:
+        """The steps as seen by ``rank``: per step, what it sends and what it receives."""
+        return _plan_for(self, rank)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_for(schedule: Schedule, rank: int) -> tuple[RankStep, ...]:
+    if not 0 <= rank < schedule.world_size:
+        raise ValueError(f"rank {rank} is outside the schedule's world of {schedule.world_size} ranks")
+    return tuple(
+        RankStep(
+            phase=step.phase,
+            sends=tuple(Send(t.dst, t.chunk) for t in step.transfers if t.src == rank),
+            receives=tuple(Receive(t.src, t.chunk, t.op) for t in step.transfers if t.dst == rank),
+        )
+        for step in schedule.steps
+    )

@@ -1,0 +1,34 @@
+"""``ddp-ring-hooks <command>`` / ``python -m ddp_ring_hooks <command>``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from .. import cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per module in :mod:`ddp_ring_hooks.cli`."""
+    parser = argparse.ArgumentParser(
+        prog="ddp-ring-hooks",
+        description="Run, measure and understand the all-reduce under DDP training.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in sorted(m.name for m in pkgutil.iter_modules(cli.__path__)):
+        if module.startswith("_"):
+            continue
+        importlib.import_module(f"{cli.__name__}.{module}").add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run the chosen command; return its exit code."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""DDP with the ring hook trains exactly like plain DDP, on real gloo ranks.
+
+Tolerance: the ring adds the ranks' gradients in a different order than gloo, so parameters
+agree to ``rtol=1e-5, atol=1e-6`` (float32) after several steps, while every rank holds
+bit-identical parameters (each chunk is summed once, then copied).
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_wrapper
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ddp_ring_hooks
+from tests._dist import run_ranks
+
+STEPS = 4
+MICRO_BATCHES = 2  # for the no_sync variant
+
+
+class Net(torch.nn.Module):
+    """A few layers of different sizes, plus one that forward skips when asked to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(32, 96), torch.nn.Tanh(), torch.nn.Linear(96, 96), torch.nn.Tanh(), torch.nn.Linear(96, 7)
+        )
+        self.unused = torch.nn.Linear(7, 7)
+
+    def forward(self, x, use_all=True):
+        out = self.body(x)
+        return self.unused(out) if use_all else out
+
+
+VARIANTS = {
+    "default": {},
+    "gradient_as_bucket_view": {"gradient_as_bucket_view": True},
+    "static_graph": {"static_graph": True},
+    "find_unused_parameters": {"find_unused_parameters": True},
+    "no_sync": {},
+    "fp16_compress_wrapper": {},
+}
+
+
+def train(rank: int, variant: str, hook: str) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = DDP(Net(), bucket_cap_mb=0.01, **VARIANTS[variant])  # ~10 KB buckets: several of them
+    if hook == "ring" and variant == "fp16_compress_wrapper":
+        model.register_comm_hook(ddp_ring_hooks.HookState(), fp16_compress_wrapper(ddp_ring_hooks.ring_hook))
+    elif hook == "ring":
+        ddp_ring_hooks.register(model)
+    elif variant == "fp16_compress_wrapper":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+        model.register_comm_hook(None, fp16_compress_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    generator = torch.Generator().manual_seed(rank)
+    use_all = variant != "find_unused_parameters"
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        if variant == "no_sync":
+            with model.no_sync():
+                model(torch.randn(8, 32, generator=generator)).square().mean().backward()
+        model(torch.randn(8, 32, generator=generator), use_all).square().mean().backward()
+        optimizer.step()
+    if hook == "ring":
+        assert model._get_ddp_logging_data()["comm_hook"].endswith("hook")
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def train_all_variants(rank: int, world_size: int) -> dict:
+    return {(variant, hook): train(rank, variant, hook) for variant in VARIANTS for hook in ("ring", "plain")}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ring_hook_matches_plain_ddp(world_size):
+    results = run_ranks(train_all_variants, world_size, timeout=240)
+    for variant in VARIANTS:
+        tolerance = {"rtol": 1e-3, "atol": 1e-4} if variant == "fp16_compress_wrapper" else {"rtol": 1e-5, "atol": 1e-6}
+        for rank in range(world_size):
+            ring, plain = results[rank][(variant, "ring")], results[rank][(variant, "plain")]
+            for ours, theirs, first in zip(ring, plain, results[0][(variant, "ring")]):
+                torch.testing.assert_close(ours, theirs, **tolerance, msg=lambda m: f"{variant}: {m}")
+                assert torch.equal(ours, first), f"{variant}: rank {rank} differs from rank 0"
+
+
+class ExplodingState(ddp_ring_hooks.HookState):
+    """A state whose communication fails, to see the failure reach ``backward``."""
+
+    __slots__ = ()
+
+    def _average(self, schedule, buffer, observer):
+        raise RuntimeError("simulated link failure")
+
+
+def hook_counts_and_failures(rank: int, world_size: int) -> dict:
+    torch.manual_seed(0)
+    model = DDP(Net(), bucket_cap_mb=0.01)
+    state = ddp_ring_hooks.register(model)
+    for _ in range(3):
+        with model.no_sync():
+            model(torch.randn(4, 32)).sum().backward()
+        model(torch.randn(4, 32)).sum().backward()
+    # A pickled state (as in a checkpoint) comes back on the default group, without its thread.
+    restored = pickle.loads(pickle.dumps(state))
+    second = DDP(Net(), bucket_cap_mb=0.01)
+    second.register_comm_hook(restored, ddp_ring_hooks.ring_hook)
+    second(torch.randn(4, 32)).sum().backward()
+    failing = DDP(Net(), bucket_cap_mb=0.01)
+    failing.register_comm_hook(ExplodingState(), ddp_ring_hooks.ring_hook)
+    try:
+        failing(torch.randn(4, 32)).sum().backward()
+        error = None
+    except RuntimeError as raised:
+        error = str(raised)
+    try:
+        ddp_ring_hooks.register(model)
+        twice = None
+    except RuntimeError as raised:
+        twice = str(raised)
+    return {
+        "iterations": state.iteration,
+        "restored_iterations": restored.iteration,
+        "restored_group_is_world": restored.group is dist.group.WORLD,
+        "error": error,
+        "twice": twice,
+    }
+
+
+def test_step_counting_pickling_failures_and_double_registration():
+    for result in run_ranks(hook_counts_and_failures, 2, timeout=120):
+        assert result["iterations"] == 3  # no_sync micro-batches do not call the hook
+        assert result["restored_iterations"] == 4
+        assert result["restored_group_is_world"]
+        assert "simulated link failure" in result["error"]
+        assert "already has the communication hook 'ring_hook'" in result["twice"]

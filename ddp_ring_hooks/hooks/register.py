@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from ..telemetry import Sink
 from .ring_hook import ring_hook
 from .state import HookState
+from .validation import validate_registration, validate_state
 
 
 def register(
@@ -14,16 +16,35 @@ def register(
     *,
     algorithm: str = "ring",
     process_group: dist.ProcessGroup | None = None,
+    log_dir: str | None = None,
+    log_every: int = 1,
+    trace_steps: int | tuple[int, int] | None = None,
+    per_rank: bool = False,
+    spread_every: int = 0,
+    sinks: tuple[Sink, ...] = (),
     **options,
 ) -> HookState:
     """Attach :func:`ring_hook` to ``ddp_model`` and return its :class:`HookState`.
 
     ``process_group`` defaults to the model's own group. ``options`` go to :class:`HookState`.
 
+    Communication timing per bucket (nothing is recorded unless asked):
+
+    - ``log_dir``: TensorBoard events (``comm/bucket_{i}/time_ms``, ...) from rank 0.
+    - ``log_every``: record every N-th optimizer step.
+    - ``trace_steps``: a Chrome/Perfetto trace ``log_dir/comm_trace.json`` of the optimizer
+      steps ``(start, stop)`` (stop excluded), or of N steps after the first.
+    - ``per_rank``: every rank writes to ``log_dir/rank_{r}``.
+    - ``spread_every``: every N-th step, log the min/max/spread of the ranks' step times.
+    - ``sinks``: more :class:`~ddp_ring_hooks.telemetry.sinks.Sink` s, on every rank.
+
+    ``state.summary()`` returns the per-bucket table; ``state.close()`` flushes the files.
+
     Example::
 
         >>> model = DistributedDataParallel(net)
         >>> state = ddp_ring_hooks.register(model, algorithm="ring")
+        >>> state = ddp_ring_hooks.register(model, log_dir="runs/ring", log_every=10)
     """
     if not isinstance(ddp_model, DistributedDataParallel):
         raise TypeError(
@@ -36,6 +57,11 @@ def register(
             f"this DDP model already has the communication hook {attached!r}; DDP allows one "
             "hook per model, so build a new DistributedDataParallel to register another"
         )
-    state = HookState(process_group or ddp_model.process_group, algorithm, **options)
+    validate_registration(ddp_model.module, process_group or ddp_model.process_group)
+    state = HookState(
+        process_group or ddp_model.process_group, algorithm, log_dir=log_dir, log_every=log_every,
+        trace_steps=trace_steps, per_rank=per_rank, spread_every=spread_every, sinks=sinks, **options,
+    )
+    validate_state(state)
     ddp_model.register_comm_hook(state, ring_hook)
     return state

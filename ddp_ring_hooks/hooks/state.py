@@ -21,8 +21,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..runtime import NULL_OBSERVER, CommWorker, ExecutionObserver, run_schedule
+from ..runtime import CommWorker, ExecutionObserver, run_schedule
+from ..runtime.errors import CommunicationError, HookFailedError
 from ..schedules import ALGORITHMS, Schedule, checked_schedule
+from ..telemetry import Sink, Telemetry
+from .auto import AUTO, AutoSelector
+from .layout_check import BucketLayout, check_bucket_layout
+from .validation import validate_bucket, validate_group
 
 
 class HookState:
@@ -30,7 +35,18 @@ class HookState:
 
     Args:
         process_group: the group to reduce over; ``None`` means the default (WORLD) group.
-        algorithm: the all-reduce algorithm, one of :data:`ddp_ring_hooks.ALGORITHMS`.
+        algorithm: the all-reduce algorithm, one of :data:`ddp_ring_hooks.ALGORITHMS`, or
+            ``"auto"``: per bucket, the fastest under a cost model calibrated by a short
+            collective probe right here (so every rank must build its state together); options
+            ``calibration=``, ``local_size=``, ``segments=``, ``candidates=``, see
+            :class:`~ddp_ring_hooks.hooks.auto.AutoSelector`.
+        log_dir, log_every, trace_steps, per_rank, spread_every, sinks: per-bucket
+            communication timing (TensorBoard, trace, summary), see
+            :class:`~ddp_ring_hooks.telemetry.Telemetry`; or pass a ready ``telemetry=``.
+            Nothing is recorded unless one of them asks for it.
+        check_layout_steps: for this many first iterations, check across ranks that every
+            rank reduces the same buckets (see :mod:`~ddp_ring_hooks.hooks.layout_check`);
+            ``0`` turns the check off.
         **algorithm_options: passed to the algorithm's schedule builder.
 
     Example::
@@ -48,23 +64,52 @@ class HookState:
         "iteration",
         # Runtime objects, rebuilt after unpickling.
         "_worker",
+        # Per-bucket timing; pickles its options only.
+        "telemetry",
+        # algorithm="auto": the calibrated per-bucket chooser (None otherwise).
+        "_auto",
+        # Reliability: iterations with the cross-rank layout check, the index of the next
+        # bucket (DDP hands them over in order), the first communication failure (the group
+        # is unusable after it, so later buckets fail at once instead of waiting).
+        "check_layout_steps",
+        "_bucket_index",
+        "_failure",
     )
 
     def __init__(
         self,
         process_group: dist.ProcessGroup | None = None,
         algorithm: str = "ring",
+        *,
+        log_dir: str | None = None,
+        log_every: int = 1,
+        trace_steps: int | tuple[int, int] | None = None,
+        per_rank: bool = False,
+        spread_every: int = 0,
+        sinks: tuple[Sink, ...] = (),
+        telemetry: Telemetry | None = None,
+        check_layout_steps: int = 2,
         **algorithm_options,
     ) -> None:
-        if algorithm not in ALGORITHMS:
+        if not isinstance(check_layout_steps, int) or check_layout_steps < 0:
+            raise ValueError(f"check_layout_steps must be an integer >= 0, got {check_layout_steps!r}")
+        if algorithm != AUTO and algorithm not in ALGORITHMS:
             raise ValueError(
-                f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}"
+                f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}, or {AUTO}"
             )
         self.process_group = process_group
         self.algorithm = algorithm
         self.algorithm_options = dict(algorithm_options)
         self.iteration = 0
+        self.check_layout_steps = check_layout_steps
+        self._bucket_index = 0
+        self._failure: CommunicationError | None = None
         self._worker = CommWorker()
+        self._auto = AutoSelector.probed(self.group, **algorithm_options) if algorithm == AUTO else None
+        self.telemetry = telemetry or Telemetry(
+            log_dir=log_dir, log_every=log_every, trace_steps=trace_steps, per_rank=per_rank,
+            spread_every=spread_every, sinks=sinks,
+        )
 
     # -- the group -----------------------------------------------------------------------
 
@@ -82,19 +127,39 @@ class HookState:
 
     def schedule_for(self, buffer: torch.Tensor) -> Schedule:
         """The (checked, cached) schedule used for this buffer."""
+        if self._auto is not None:
+            algorithm, options = self._auto.choose(buffer.numel() * buffer.element_size())
+            return checked_schedule(algorithm, self.world_size, **options)
         return checked_schedule(self.algorithm, self.world_size, **self.algorithm_options)
 
     def reduce_bucket(self, buffer: torch.Tensor, *, is_last: bool) -> torch.futures.Future:
         """Average ``buffer`` over the group in place; the Future holds ``buffer``."""
+        validate_bucket(buffer)
+        bucket, self._bucket_index = self._bucket_index, 0 if is_last else self._bucket_index + 1
+        if self.iteration < self.check_layout_steps:
+            validate_group(self.process_group)
+            check_bucket_layout(
+                BucketLayout(bucket, buffer.numel(), buffer.dtype, is_last),
+                group=self.group, device=buffer.device, iteration=self.iteration,
+            )
+        step = self.iteration + 1  # the optimizer step this reduction belongs to
         if is_last:
             self.iteration += 1
         schedule = self.schedule_for(buffer)
+        # Taken now, on the hook thread: "handed over" starts queue_ms and exposed_ms.
+        observer = self.telemetry.observe_bucket(
+            buffer, step=step, is_last=is_last, algorithm=schedule.algorithm, group=self.group
+        )
+        iteration = step - 1
         if buffer.is_cuda:
-            self._average(schedule, buffer, NULL_OBSERVER)
+            self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration)
             future = torch.futures.Future(devices=[buffer.device])
             future.set_result(buffer)
             return future
-        return self._worker.submit(lambda: self._average(schedule, buffer, NULL_OBSERVER))
+        job = lambda: self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration)  # noqa: E731
+        # DDP reads a failed Python Future as a value ("Unable to cast ... to Tensor"); a
+        # callback that re-raises turns it into a real error that keeps our message.
+        return self._worker.submit(job).then(_value_or_raise)
 
     def _average(
         self, schedule: Schedule, buffer: torch.Tensor, observer: ExecutionObserver
@@ -102,19 +167,50 @@ class HookState:
         buffer.div_(schedule.world_size)
         return run_schedule(schedule, buffer, group=self.group, observer=observer)
 
+    def _average_or_explain(
+        self, schedule: Schedule, buffer: torch.Tensor, observer: ExecutionObserver, *,
+        bucket: int, iteration: int,
+    ) -> torch.Tensor:
+        """:meth:`_average`, with failures that name the hook and bucket; once communication
+        failed, every later bucket fails at once instead of waiting for the timeout again."""
+        if self._failure is not None:
+            raise CommunicationError(
+                f"ring_hook: bucket {bucket} of iteration {iteration} was not reduced because an "
+                f"earlier one failed: {self._failure}"
+            )
+        try:
+            return self._average(schedule, buffer, observer)
+        except RuntimeError as error:  # backend errors (DistBackendError) and StepFailedError
+            self._failure = HookFailedError(
+                hook="ring_hook", bucket=bucket, iteration=iteration, numel=buffer.numel(),
+                dtype=str(buffer.dtype).removeprefix("torch."), cause=error,
+            )
+            raise self._failure from error
+
     def close(self) -> None:
-        """Stop the worker thread after the queued buckets (it restarts on the next bucket)."""
+        """Stop the worker thread after the queued buckets (it restarts on the next bucket),
+        then write the queued telemetry and close its sinks. Safe to call twice."""
         self._worker.close()
+        self.telemetry.close()
+
+    def summary(self) -> str:
+        """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw)."""
+        return self.telemetry.summary()
 
     # -- pickling ------------------------------------------------------------------------
 
     def __getstate__(self) -> dict:
         # Process groups and threads cannot be pickled; they are rebuilt on load.
-        skipped = {"process_group", "_worker"}
+        skipped = {"process_group", "_worker", "_failure"}
         return {name: getattr(self, name) for name in self.__slots__ if name not in skipped}
 
     def __setstate__(self, state: dict) -> None:
         for name, value in state.items():
             setattr(self, name, value)
         self.process_group = None
+        self._failure = None
         self._worker = CommWorker()
+
+
+def _value_or_raise(future: torch.futures.Future) -> torch.Tensor:
+    return future.value()

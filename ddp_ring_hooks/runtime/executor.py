@@ -13,15 +13,59 @@ the chunk as it was before the step, exactly as the schedule's in-memory replay 
   additions are enqueued on the current stream: the host is never blocked.
 - The schedule's ranks are ranks *of the group*; ``group_peer`` lets torch map them to
   global ranks, so subgroups from ``dist.new_group`` work.
+
+Pipelining on CPU (gloo). Done one step at a time, a rank idles on the network while it adds,
+and adds nothing while bytes move. So on CPU every chunk bigger than :data:`SEGMENT_BYTES` is
+cut into segments (``chunk.tensor_split(lanes)``), and segment ``j`` of every chunk forms
+*lane* ``j``: a full copy of the schedule on a slice of the buffer, independent of the other
+lanes. The lanes' steps are posted step by step, lane by lane, keeping
+:data:`SEGMENTS_IN_FLIGHT` of them posted (gloo's own ring keeps two segments in flight), so
+one lane's addition overlaps the next lane's transfer::
+
+    posted    s0 l0 | s0 l1 | s0 l2 | s1 l0 | s1 l1 | ...      (s = step, l = lane)
+    adding          | s0 l0 | s0 l1 | s0 l2 | s1 l0 | ...
+
+Each lane still runs its steps in order (with two or more lanes, ``(step s, lane j)`` is
+completed before ``(step s+1, lane j)`` is posted), every rank posts in the same order (so
+gloo's first-in first-out matching pairs the right messages), and each element is summed
+along the same chain as without lanes: results stay bit-identical. The window drains at
+each phase boundary, so observers see a phase's steps before the next phase starts. Scratch
+space (one slot per transfer in flight) is kept per thread and reused: a fresh buffer of
+tens of MB costs a page fault per 4 KB on every call. CUDA keeps one lane: NCCL pipelines
+its transfers itself, and the caching allocator already reuses memory, stream-safely.
 """
 
 from __future__ import annotations
 
+import math
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
-from ..schedules import Op, Schedule
+from ..schedules import Op, RankStep, Schedule
+from .errors import StepFailedError
 from .observer import NULL_OBSERVER, ExecutionObserver
+
+#: On CPU, chunks larger than this are cut into segments that are pipelined (see above).
+#: Big enough that the cost per message (a wake-up of two threads) stays small on a busy host.
+SEGMENT_BYTES = 4 << 20
+#: How many segment transfers a rank keeps posted on CPU while it adds the earlier ones.
+SEGMENTS_IN_FLIGHT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class _Posted:
+    """One lane's share of one step, posted and not yet applied."""
+
+    index: int  # the step's index in the plan
+    ops: list[dist.P2POp]
+    works: list[dist.Work]
+    landings: list[tuple[torch.Tensor, torch.Tensor, Op]]  # (chunk segment, buffer, op)
+    ends_step: bool  # the step's last lane: the step is done once this is applied
 
 
 def run_schedule(
@@ -30,8 +74,13 @@ def run_schedule(
     *,
     group: dist.ProcessGroup | None = None,
     observer: ExecutionObserver = NULL_OBSERVER,
+    segment_bytes: int | None = None,
 ) -> torch.Tensor:
-    """All-reduce (sum) the 1-D contiguous tensor ``flat`` in place following ``schedule``."""
+    """All-reduce (sum) the 1-D contiguous tensor ``flat`` in place following ``schedule``.
+
+    ``segment_bytes`` overrides :data:`SEGMENT_BYTES` on CPU (tests use it to get many
+    lanes from small tensors); CUDA tensors always run in one lane.
+    """
     group_size = dist.get_world_size(group)
     if schedule.world_size != group_size:
         raise ValueError(
@@ -40,56 +89,144 @@ def run_schedule(
         )
     if flat.dim() != 1 or not flat.is_contiguous():
         raise ValueError("run_schedule needs a 1-D contiguous tensor; pass tensor.view(-1)")
+    if segment_bytes is not None and segment_bytes < 1:
+        raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
     if group_size == 1 or flat.numel() == 0:
         observer.on_finish()
         return flat
     plan = schedule.plan_for(dist.get_rank(group))
     chunks = flat.tensor_split(schedule.num_chunks)
     chunk_bytes = [c.numel() * c.element_size() for c in chunks]
-    scratch = _allocate_scratch(flat, plan, chunks)
+    on_cpu = flat.device.type == "cpu"
+    lanes = _split_into_lanes(chunks, _lane_count(chunk_bytes, segment_bytes) if on_cpu else 1)
+    window = min(SEGMENTS_IN_FLIGHT, len(lanes))  # <= lanes: a lane's steps never overlap
+    slots = _scratch_slots(flat, plan, lanes[0], window, reuse=on_cpu)  # lane 0 is the largest
+    in_flight: deque[_Posted] = deque()
+    # Completed batches stay referenced until the next batch is posted: dropping a gloo
+    # work object can block on the transport, and the peers should not wait for that
+    # (measured: 4 ranks x 64 KB took 30 ms per call instead of 10 ms).
+    retired: list[_Posted] = []
+    posted = 0
     phase = None
     for index, step in enumerate(plan):
         if step.phase != phase:
+            _drain(in_flight, retired, schedule, plan, observer, chunk_bytes)
             phase = step.phase
             observer.on_phase(phase)
-        sent = {s.chunk for s in step.sends}
-        ops: list[dist.P2POp] = []
-        landing: list[tuple[torch.Tensor, torch.Tensor, Op]] = []  # (chunk, buffer, op)
-        offset = 0
-        for send in step.sends:
-            if chunks[send.chunk].numel():
-                ops.append(dist.P2POp(dist.isend, chunks[send.chunk], group=group, group_peer=send.peer))
-        for receive in step.receives:
-            chunk = chunks[receive.chunk]
-            if not chunk.numel():
-                continue
-            if receive.op is Op.COPY and receive.chunk not in sent:
-                buffer = chunk
-            else:
-                buffer = scratch[offset : offset + chunk.numel()]
-                offset += chunk.numel()
-            ops.append(dist.P2POp(dist.irecv, buffer, group=group, group_peer=receive.peer))
-            landing.append((chunk, buffer, receive.op))
-        if ops:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-        for chunk, buffer, op in landing:
-            if op is Op.REDUCE:
-                chunk.add_(buffer)
-            elif buffer.data_ptr() != chunk.data_ptr():
-                chunk.copy_(buffer)
-        observer.on_step(index, step, chunk_bytes)
+        for lane_index, lane in enumerate(lanes):
+            if len(in_flight) == window:
+                retired.append(_complete(in_flight.popleft(), schedule, plan, observer, chunk_bytes))
+            in_flight.append(
+                _post(index, step, lane, slots[posted % window], group, ends_step=lane_index == len(lanes) - 1)
+            )
+            retired.clear()
+            posted += 1
+    _drain(in_flight, retired, schedule, plan, observer, chunk_bytes)
     observer.on_finish()
     return flat
 
 
-def _allocate_scratch(flat: torch.Tensor, plan, chunks) -> torch.Tensor:
-    """One buffer big enough for the largest set of staged receives of any step."""
+def _lane_count(chunk_bytes: Sequence[int], segment_bytes: int | None) -> int:
+    return max(1, math.ceil(max(chunk_bytes) / (segment_bytes or SEGMENT_BYTES)))
+
+
+def _split_into_lanes(chunks: Sequence[torch.Tensor], lanes: int) -> list[tuple[torch.Tensor, ...]]:
+    """``lanes[j][c]`` is segment ``j`` of chunk ``c``; every rank cuts the same way."""
+    if lanes == 1:
+        return [tuple(chunks)]
+    segments = [chunk.tensor_split(lanes) for chunk in chunks]
+    return [tuple(pieces[j] for pieces in segments) for j in range(lanes)]
+
+
+def _post(
+    index: int,
+    step: RankStep,
+    lane: Sequence[torch.Tensor],
+    scratch: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    *,
+    ends_step: bool,
+) -> _Posted:
+    """Post one lane's sends and receives of a step as one batch."""
+    sent = {s.chunk for s in step.sends}
+    ops: list[dist.P2POp] = []
+    landings: list[tuple[torch.Tensor, torch.Tensor, Op]] = []
+    offset = 0
+    for send in step.sends:
+        if lane[send.chunk].numel():
+            ops.append(dist.P2POp(dist.isend, lane[send.chunk], group=group, group_peer=send.peer))
+    for receive in step.receives:
+        segment = lane[receive.chunk]
+        if not segment.numel():
+            continue
+        if receive.op is Op.COPY and receive.chunk not in sent:
+            buffer = segment
+        else:  # a sum, or a copy over a chunk this step still sends: stage it
+            buffer = scratch[offset : offset + segment.numel()]
+            offset += segment.numel()
+        ops.append(dist.P2POp(dist.irecv, buffer, group=group, group_peer=receive.peer))
+        landings.append((segment, buffer, receive.op))
+    works = dist.batch_isend_irecv(ops) if ops else []
+    return _Posted(index, ops, works, landings, ends_step)
+
+
+def _complete(
+    posted: _Posted,
+    schedule: Schedule,
+    plan: Sequence[RankStep],
+    observer: ExecutionObserver,
+    chunk_bytes: Sequence[int],
+) -> _Posted:
+    """Wait for a posted batch, then apply what it received; return the batch."""
+    try:
+        for work in posted.works:
+            work.wait()
+    except RuntimeError as error:  # name the step and the peer, not just a socket
+        raise StepFailedError.from_wait(
+            error, schedule=schedule, step_index=posted.index, step=plan[posted.index],
+            ops=posted.ops, works=posted.works, failed=work,
+        ) from error
+    for segment, buffer, op in posted.landings:
+        if op is Op.REDUCE:
+            segment.add_(buffer)
+        elif buffer.data_ptr() != segment.data_ptr():
+            segment.copy_(buffer)
+    if posted.ends_step:
+        observer.on_step(posted.index, plan[posted.index], chunk_bytes)
+    return posted
+
+
+def _drain(in_flight: deque[_Posted], retired: list[_Posted], schedule, plan, observer, chunk_bytes) -> None:
+    while in_flight:
+        retired.append(_complete(in_flight.popleft(), schedule, plan, observer, chunk_bytes))
+
+
+def _scratch_slots(
+    flat: torch.Tensor, plan: Sequence[RankStep], lane: Sequence[torch.Tensor], window: int, *, reuse: bool
+) -> list[torch.Tensor]:
+    """One slot per batch in flight, each big enough for the largest staged receives."""
     largest = 0
     for step in plan:
         sent = {s.chunk for s in step.sends}
-        staged = sum(
-            chunks[r.chunk].numel() for r in step.receives if r.op is Op.REDUCE or r.chunk in sent
-        )
+        staged = sum(lane[r.chunk].numel() for r in step.receives if r.op is Op.REDUCE or r.chunk in sent)
         largest = max(largest, staged)
-    return flat.new_empty(largest)
+    scratch = _reused_buffer(flat, largest * window) if reuse else flat.new_empty(largest * window)
+    return [scratch[k * largest : (k + 1) * largest] for k in range(window)]
+
+
+_reusable = threading.local()
+
+
+def _reused_buffer(flat: torch.Tensor, numel: int) -> torch.Tensor:
+    """A CPU buffer of ``numel`` elements, kept per thread and dtype, grown when too small.
+
+    Per thread, because the comm worker and the main thread may run schedules at the same
+    time. Its size is bounded by ``SEGMENTS_IN_FLIGHT`` segments of staged receives.
+    """
+    buffers = getattr(_reusable, "buffers", None)
+    if buffers is None:
+        buffers = _reusable.buffers = {}
+    buffer = buffers.get(flat.dtype)
+    if buffer is None or buffer.numel() < numel:
+        buffer = buffers[flat.dtype] = torch.empty(numel, dtype=flat.dtype)
+    return buffer[:numel]

@@ -10,13 +10,21 @@ import functools
 from collections.abc import Callable
 
 from .check import ScheduleError, check_all_reduce
+from .halving_doubling import build_halving_doubling_schedule
+from .hierarchical import build_hierarchical_schedule
 from .ir import Op, RankStep, Receive, Schedule, Send, Step, Transfer
+from .naive import build_naive_schedule
 from .replay import final_state, replay
 from .ring import build_ring_schedule
+from .tree import build_tree_schedule
 
 #: Algorithm name -> builder ``(world_size, **options) -> Schedule``.
 BUILDERS: dict[str, Callable[..., Schedule]] = {
     "ring": build_ring_schedule,
+    "naive": build_naive_schedule,
+    "tree": build_tree_schedule,
+    "halving_doubling": build_halving_doubling_schedule,
+    "hierarchical": build_hierarchical_schedule,
 }
 
 ALGORITHMS: tuple[str, ...] = tuple(BUILDERS)
@@ -44,6 +52,7 @@ def checked_schedule(algorithm: str, world_size: int, **options) -> Schedule:
 
 __all__ = [
     "ALGORITHMS", "BUILDERS", "Op", "RankStep", "Receive", "Schedule", "ScheduleError", "Send",
-    "Step", "Transfer", "build_ring_schedule", "build_schedule", "check_all_reduce", "checked_schedule",
-    "final_state", "replay",
+    "Step", "Transfer", "build_halving_doubling_schedule", "build_hierarchical_schedule",
+    "build_naive_schedule", "build_ring_schedule", "build_tree_schedule", "build_schedule", "check_all_reduce",
+    "checked_schedule", "final_state", "replay",
 ]

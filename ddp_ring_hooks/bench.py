@@ -1,0 +1,328 @@
+"""Time all-reduce algorithms side by side, the way nccl-tests' ``all_reduce_perf`` does.
+
+:func:`run_sweep` runs on every rank of a process group and returns the same
+:class:`BenchRecord` list everywhere (the ``ddp-ring-hooks bench`` command prints it; the
+``auto`` calibration can fit the α-β model to it). For each message size, each algorithm in
+turn, so a burst of noise on a shared machine hits every algorithm alike::
+
+    for size in sizes:                  # -b 4K -e 64M -f 2: 4K, 8K, ..., 64M
+        for round in rounds:            # the reported time is the median over rounds
+            for algorithm in algorithms:    # ring, tree, ..., native (= dist.all_reduce)
+                check once  ->  warm up (-w)  ->  barrier, time -n calls, slowest rank
+
+1. **Check.** Every rank fills the buffer with its own random input and runs the algorithm
+   once. An element is *wrong* when it differs from the exact sum (``dist.all_reduce`` of
+   the same input in float64) by more than ``(p - 1) · eps · Σ_r |x_r|``: the rounding bound
+   for adding ``p`` numbers in any order in the buffer's dtype, with ``eps`` its machine
+   epsilon (twice the unit roundoff, so the bound has a 2x margin). ``#wrong`` is summed
+   over ranks.
+2. **Time.** After the warm-up calls, a barrier, then ``iters`` calls back to back on the
+   same buffer (in place, like nccl-tests' in-place run; the values keep growing, which costs
+   nothing: float additions take the same time for any normal, infinite or NaN value).
+   The time of one call is the slowest rank's (max over ranks), in microseconds.
+3. **Bandwidth**, as nccl-tests defines it (GB = 1e9 bytes)::
+
+       algbw = nbytes / time
+       busbw = algbw · 2(p - 1)/p     # what each rank's link carries in a ring all-reduce
+
+   busbw does not depend on ``p`` for an ideal ring, so it compares runs of different sizes
+   and with the hardware's link speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from .runtime import all_reduce
+from .schedules import ALGORITHMS
+
+#: ``dist.all_reduce`` (the backend's own algorithm): the baseline every sweep includes.
+NATIVE = "native"
+
+#: Element types by the names nccl-tests' ``-d`` takes (and torch's own names).
+DTYPES: dict[str, torch.dtype] = {
+    "float": torch.float32, "float32": torch.float32,
+    "double": torch.float64, "float64": torch.float64,
+    "half": torch.float16, "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRecord:
+    """One measured (algorithm, world size, message size): one row of the table."""
+
+    algorithm: str
+    world_size: int
+    nbytes: int
+    count: int  # elements
+    dtype: str
+    time_us: float  # one call, slowest rank, median over rounds
+    algbw_GBps: float
+    busbw_GBps: float
+    wrong: int  # elements out of tolerance, summed over ranks
+
+    def as_dict(self) -> dict:
+        """The record as plain JSON-ready data."""
+        return asdict(self)
+
+
+def parse_size(text: str) -> int:
+    """``"4K"`` -> 4096: bytes, with binary suffixes K, M, G as in nccl-tests (``B``/``iB`` allowed)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:I?B)?\s*", text.upper())
+    if not match:
+        raise ValueError(f"cannot read size {text!r}; write bytes like 4096, 4K, 64M or 1G")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+def format_size(nbytes: int) -> str:
+    """4096 -> ``"4K"``; sizes that are not a whole number of K/M/G stay in bytes."""
+    for suffix in ("G", "M", "K"):
+        unit = _SIZE_UNITS[suffix]
+        if nbytes >= unit and nbytes % unit == 0:
+            return f"{nbytes // unit}{suffix}"
+    return str(nbytes)
+
+
+def size_sweep(*, begin: int, end: int, factor: int = 2) -> list[int]:
+    """``begin, begin·factor, ...`` up to ``end`` (included), like nccl-tests' ``-b -e -f``."""
+    if begin < 1:
+        raise ValueError(f"the smallest size must be at least 1 byte, got {begin}")
+    if end < begin:
+        raise ValueError(f"the largest size ({end} B) is smaller than the smallest ({begin} B); swap -b and -e")
+    if factor < 2:
+        raise ValueError(f"the size factor must be at least 2, got {factor}")
+    sizes = [begin]
+    while sizes[-1] * factor <= end:
+        sizes.append(sizes[-1] * factor)
+    return sizes
+
+
+def bus_factor(world_size: int) -> float:
+    """busbw / algbw for all-reduce: ``2(p - 1)/p`` (nccl-tests), 0 for a single rank."""
+    return 2 * (world_size - 1) / world_size
+
+
+def run_sweep(
+    sizes: Iterable[int],
+    *,
+    algorithms: Sequence[str] | None = None,
+    dtype: torch.dtype = torch.float32,
+    warmup: int = 5,
+    iters: int = 20,
+    rounds: int = 1,
+    group: dist.ProcessGroup | None = None,
+    device: torch.device | str = "cpu",
+    options: Mapping[str, Mapping] | None = None,
+    progress: bool = False,
+) -> list[BenchRecord]:
+    """Benchmark every algorithm at every size on ``group``; call it on every rank.
+
+    Args:
+        sizes: message sizes in bytes (rounded down to whole elements; sizes smaller than
+            one element are measured as one element).
+        algorithms: names from :data:`ddp_ring_hooks.ALGORITHMS` and ``"native"``; default: all.
+        options: per algorithm, options for its schedule builder (``{"hierarchical": {"local_size": 2}}``).
+        progress: show a tqdm bar (pass ``True`` on one rank only).
+
+    Returns one record per (algorithm, size), sizes ascending, in the order of ``algorithms``
+    within a size; every rank gets the same records.
+    """
+    algorithms = list(algorithms) if algorithms is not None else [*ALGORITHMS, NATIVE]
+    check_algorithms(algorithms)
+    if warmup < 0 or iters < 1 or rounds < 1:
+        raise ValueError(f"need warmup >= 0, iters >= 1 and rounds >= 1; got {warmup}, {iters}, {rounds}")
+    options = options or {}
+    sizes = list(sizes)
+    world_size = dist.get_world_size(group)
+    element_size = torch.empty((), dtype=dtype).element_size()
+    bar = _progress_bar(len(sizes) * rounds * len(algorithms), enabled=progress)
+    records = []
+    for nbytes in sizes:
+        count = max(1, nbytes // element_size)
+        inputs, exact, tolerance = _make_inputs(count, dtype, device, group)
+        times: dict[str, list[float]] = {name: [] for name in algorithms}
+        wrong: dict[str, int] = {}
+        for _ in range(rounds):
+            for name in algorithms:
+                call = _caller(name, group, options.get(name, {}))
+                buffer = inputs.clone()
+                call(buffer)
+                if name not in wrong:
+                    wrong[name] = _count_wrong(buffer, exact, tolerance, group)
+                times[name].append(_time_calls(call, buffer, warmup=warmup, iters=iters, group=group))
+                if bar is not None:
+                    bar.set_postfix_str(f"{format_size(count * element_size)} {name}")
+                    bar.update()
+        for name in algorithms:
+            seconds = statistics.median(times[name])
+            algbw = count * element_size / seconds / 1e9
+            records.append(
+                BenchRecord(
+                    algorithm=name, world_size=world_size, nbytes=count * element_size, count=count,
+                    dtype=str(dtype).removeprefix("torch."), time_us=seconds * 1e6,
+                    algbw_GBps=algbw, busbw_GBps=algbw * bus_factor(world_size), wrong=wrong[name],
+                )
+            )
+    if bar is not None:
+        bar.close()
+    return records
+
+
+def check_algorithms(algorithms: Sequence[str]) -> None:
+    """Raise ``ValueError`` naming the known algorithms if one of ``algorithms`` is unknown."""
+    unknown = [name for name in algorithms if name not in ALGORITHMS and name != NATIVE]
+    if unknown:
+        raise ValueError(
+            f"unknown algorithm(s) {', '.join(map(repr, unknown))}; choose from {', '.join([*ALGORITHMS, NATIVE])}"
+        )
+    if not algorithms:
+        raise ValueError("no algorithm to benchmark; name at least one")
+
+
+def _caller(name: str, group, options: Mapping):
+    if name == NATIVE:
+        return lambda buffer: dist.all_reduce(buffer, group=group)
+    return lambda buffer: all_reduce(buffer, algorithm=name, group=group, **options)
+
+
+def _make_inputs(count: int, dtype: torch.dtype, device, group):
+    """This rank's input, the exact sum over ranks (float64) and the tolerance per element."""
+    generator = torch.Generator().manual_seed(1000 + dist.get_rank())  # different on each rank
+    inputs = torch.randn(count, generator=generator).to(dtype).to(device)
+    exact = inputs.to(torch.float64)
+    magnitude = inputs.abs().to(torch.float64)
+    dist.all_reduce(exact, group=group)
+    dist.all_reduce(magnitude, group=group)
+    world_size = dist.get_world_size(group)
+    tolerance = (world_size - 1) * torch.finfo(dtype).eps * magnitude
+    return inputs, exact, tolerance
+
+
+def _count_wrong(result: torch.Tensor, exact: torch.Tensor, tolerance: torch.Tensor, group) -> int:
+    wrong = ((result.to(torch.float64) - exact).abs() > tolerance).sum().to(torch.int64).reshape(1)
+    dist.all_reduce(wrong, group=group)
+    return int(wrong.item())
+
+
+def _time_calls(call, buffer: torch.Tensor, *, warmup: int, iters: int, group) -> float:
+    """Seconds per call on the slowest rank."""
+    for _ in range(warmup):
+        call(buffer)
+    _synchronize(buffer)
+    dist.barrier(group=group)
+    start = time.perf_counter()
+    for _ in range(iters):
+        call(buffer)
+    _synchronize(buffer)
+    elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=buffer.device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+    return float(elapsed.item())
+
+
+def _synchronize(buffer: torch.Tensor) -> None:
+    if buffer.is_cuda:  # the benchmark, unlike the hook, must wait for the GPU to finish
+        torch.cuda.synchronize(buffer.device)
+
+
+def _progress_bar(total: int, *, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # the bar is a nicety; tqdm comes with the [examples] extra
+        return None
+    return tqdm(total=total, desc="all-reduce sweep", unit="run", leave=False)
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+def format_table(records: Sequence[BenchRecord], *, baseline: str = NATIVE) -> str:
+    """The nccl-tests style table, then average busbw and busbw relative to ``baseline``."""
+    lines = [
+        f"# {'size':>10} {'count':>11} {'algorithm':>17} {'time(us)':>11} {'algbw(GB/s)':>12} "
+        f"{'busbw(GB/s)':>12} {'#wrong':>7}"
+    ]
+    for r in records:
+        lines.append(
+            f"  {r.nbytes:>10} {r.count:>11} {r.algorithm:>17} {r.time_us:>11.1f} {r.algbw_GBps:>12.3f} "
+            f"{r.busbw_GBps:>12.3f} {r.wrong:>7}"
+        )
+    algorithms = list(dict.fromkeys(r.algorithm for r in records))
+    averages = ", ".join(
+        f"{name} {statistics.mean(r.busbw_GBps for r in records if r.algorithm == name):.3f}" for name in algorithms
+    )
+    lines.append(f"# Avg bus bandwidth (GB/s): {averages}")
+    wrong = sum(r.wrong for r in records)
+    lines.append(f"# Out of bounds values: {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    ratios = busbw_ratios(records, baseline=baseline)
+    if ratios:
+        others = [name for name in algorithms if name != baseline]
+        lines.append(f"#\n# busbw / {baseline} busbw (same run, same sizes)")
+        lines.append(f"# {'size':>10} " + " ".join(f"{name:>17}" for name in others))
+        for nbytes in sorted({key[1] for key in ratios}):
+            cells = " ".join(f"{ratios.get((name, nbytes), math.nan):>17.2f}" for name in others)
+            lines.append(f"  {format_size(nbytes):>10} {cells}")
+    return "\n".join(lines) + "\n"
+
+
+def busbw_ratios(records: Sequence[BenchRecord], *, baseline: str = NATIVE) -> dict[tuple[str, int], float]:
+    """``(algorithm, nbytes) -> busbw / baseline's busbw`` for sizes where both were measured."""
+    base = {(r.world_size, r.nbytes): r.busbw_GBps for r in records if r.algorithm == baseline}
+    return {
+        (r.algorithm, r.nbytes): r.busbw_GBps / base[(r.world_size, r.nbytes)]
+        for r in records
+        if r.algorithm != baseline and base.get((r.world_size, r.nbytes))
+    }
+
+
+def write_json(records: Sequence[BenchRecord], path: str) -> None:
+    """A JSON list with one object per record (keys: the :class:`BenchRecord` fields)."""
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump([r.as_dict() for r in records], file, indent=1)
+        file.write("\n")
+
+
+def plot_busbw(records: Sequence[BenchRecord], path: str, *, title: str = "") -> None:
+    """Save busbw against message size, one line per algorithm (needs matplotlib)."""
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise RuntimeError("--plot needs matplotlib: pip install 'ddp_ring_hooks[viz]'") from error
+    matplotlib.use("Agg")  # files only; never open a window
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name in dict.fromkeys(r.algorithm for r in records):
+        rows = sorted((r.nbytes, r.busbw_GBps) for r in records if r.algorithm == name)
+        axes.plot([n for n, _ in rows], [b for _, b in rows], marker="o", label=name,
+                  linestyle="--" if name == NATIVE else "-")
+    axes.set_xscale("log", base=2)
+    sizes = sorted({r.nbytes for r in records})
+    axes.set_xticks(sizes, [format_size(n) for n in sizes], rotation=45)
+    axes.set_xlabel("message size (bytes)")
+    axes.set_ylabel("busbw (GB/s)")
+    axes.set_title(title or "all-reduce bus bandwidth")
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def load_records(path: str) -> list[BenchRecord]:
+    """Read records written by :func:`write_json` (e.g. to calibrate the cost model)."""
+    with open(path, encoding="utf-8") as file:
+        return [BenchRecord(**row) for row in json.load(file)]

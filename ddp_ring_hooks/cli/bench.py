@@ -1,0 +1,122 @@
+"""``ddp-ring-hooks bench``: an nccl-tests style all-reduce benchmark of every algorithm.
+
+    ddp-ring-hooks bench --nproc 4 -b 4K -e 64M -f 2               # spawns 4 local gloo ranks
+    torchrun --standalone --nproc_per_node=4 -m ddp_ring_hooks bench -b 1M -e 1G    # NCCL on GPUs
+    ddp-ring-hooks bench --nproc 2 --algorithms ring,native --rounds 5 --json bench.json --plot bench.png
+
+Columns as in nccl-tests: size (bytes), count (elements), time (us, slowest rank), algbw and
+busbw (GB/s, 1e9 bytes; busbw = algbw · 2(p-1)/p), #wrong (elements off the float64 sum by
+more than the rounding bound). Exit status 1 when a value is wrong, 2 on bad arguments.
+See :mod:`ddp_ring_hooks.bench` for how it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.distributed as dist
+
+from .. import bench
+from ..launch import run_on_ranks, under_torchrun
+from ..schedules import ALGORITHMS
+
+
+def add_parser(subparsers) -> None:
+    """Add the ``bench`` subcommand."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="time every all-reduce algorithm against dist.all_reduce, nccl-tests style",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sweep = parser.add_argument_group("sweep (as in nccl-tests)")
+    sweep.add_argument("-b", "--minbytes", default="4K", metavar="SIZE",
+                       help="smallest message size, e.g. 4096, 4K, 1M (K/M/G are binary) (default: 4K)")
+    sweep.add_argument("-e", "--maxbytes", default="64M", metavar="SIZE",
+                       help="largest message size (default: 64M)")
+    sweep.add_argument("-f", "--stepfactor", type=int, default=2, metavar="F",
+                       help="multiply the size by F from one row to the next (default: 2)")
+    sweep.add_argument("-w", "--warmup_iters", type=int, default=5, metavar="N",
+                       help="untimed calls before each timed loop (default: 5)")
+    sweep.add_argument("-n", "--iters", type=int, default=20, metavar="N",
+                       help="timed calls per measurement; the time is their mean (default: 20)")
+    sweep.add_argument("--rounds", type=int, default=1, metavar="R",
+                       help="measure every (size, algorithm) R times, interleaved, and report the median; "
+                            "use 5 or more on a shared machine (default: 1)")
+    sweep.add_argument("-d", "--datatype", default="float", choices=sorted(bench.DTYPES), metavar="TYPE",
+                       help=f"element type: {', '.join(sorted(bench.DTYPES))} (default: float)")
+    sweep.add_argument("--algorithms", default=",".join([*ALGORITHMS, bench.NATIVE]), metavar="A,B,...",
+                       help="comma-separated algorithms; 'native' is dist.all_reduce "
+                            f"(default: {','.join([*ALGORITHMS, bench.NATIVE])})")
+    ranks = parser.add_argument_group("ranks")
+    ranks.add_argument("--nproc", type=int, default=2, metavar="N",
+                       help="local gloo ranks to spawn when not under torchrun (default: 2); "
+                            "under torchrun, --nproc_per_node decides")
+    ranks.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                       help="process group backend under torchrun (default: nccl with GPUs, else gloo); "
+                            "spawned ranks always use gloo")
+    ranks.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                       help="give up on a rank that waits longer than this for its peers (default: 600)")
+    output = parser.add_argument_group("output (written by rank 0)")
+    output.add_argument("--json", metavar="PATH",
+                        help="write the records as JSON: one object per (algorithm, world_size, nbytes)")
+    output.add_argument("--plot", metavar="PATH", help="save busbw against size as an image (needs matplotlib)")
+    output.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the arguments here, then run the sweep on every rank; 1 if any value was wrong."""
+    try:
+        sizes = bench.size_sweep(
+            begin=bench.parse_size(args.minbytes), end=bench.parse_size(args.maxbytes), factor=args.stepfactor
+        )
+        algorithms = [name.strip() for name in args.algorithms.split(",") if name.strip()]
+        bench.check_algorithms(algorithms)
+        if args.warmup_iters < 0 or args.iters < 1 or args.rounds < 1:
+            raise ValueError("need -w >= 0, -n >= 1 and --rounds >= 1")
+        if not under_torchrun() and args.nproc < 2:
+            raise ValueError(f"--nproc must be at least 2 to communicate, got {args.nproc}")
+    except ValueError as error:
+        print(f"ddp-ring-hooks bench: error: {error}", file=sys.stderr)
+        return 2
+    wrong = run_on_ranks(
+        _bench_on_rank, args, sizes, algorithms, nproc=args.nproc, backend=args.backend, timeout_s=args.timeout
+    )
+    return 1 if wrong else 0
+
+
+def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[str]) -> int:
+    """Run the sweep; rank 0 prints and writes the outputs. Returns the wrong values' count."""
+    rank = dist.get_rank()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    dtype = bench.DTYPES[args.datatype]
+    world_size = dist.get_world_size()
+    if rank == 0:
+        print(
+            f"# ddp-ring-hooks bench: all-reduce (sum), {world_size} ranks, {dist.get_backend()} on {device.type}, "
+            f"{args.datatype}, warm-up {args.warmup_iters}, iterations {args.iters}, rounds {args.rounds}\n"
+            "# time: mean of the timed calls on the slowest rank (median over rounds); "
+            "GB/s = 1e9 B/s; busbw = algbw * 2(p-1)/p\n"
+            "# #wrong: elements where |result - exact float64 sum| > (p-1) * eps * sum_r |x_r|\n#",
+            flush=True,
+        )
+    records = bench.run_sweep(
+        sizes, algorithms=algorithms, dtype=dtype, warmup=args.warmup_iters, iters=args.iters,
+        rounds=args.rounds, device=device, progress=rank == 0 and not args.no_progress,
+    )
+    wrong = sum(r.wrong for r in records)  # the same on every rank
+    if rank != 0:
+        return wrong
+    sys.stdout.write(bench.format_table(records))
+    if args.json:
+        bench.write_json(records, args.json)
+        print(f"# wrote {len(records)} records to {args.json}")
+    if args.plot:
+        title = f"all-reduce busbw, {world_size} ranks, {dist.get_backend()}, {args.datatype}"
+        bench.plot_busbw(records, args.plot, title=title)
+        print(f"# wrote {args.plot}")
+    sys.stdout.flush()
+    return wrong

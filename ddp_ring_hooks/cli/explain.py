@@ -1,0 +1,98 @@
+"""``ddp-ring-hooks explain``: print an algorithm step by step, with the cost of one all-reduce.
+
+    ddp-ring-hooks explain --algorithm ring --world-size 4
+    ddp-ring-hooks explain --algorithm hierarchical --world-size 8 --local-size 4 --elements 1048576
+
+Rank ``r`` starts with ``r + 1`` everywhere, so each printed chunk ``c2=7 {0,2,3}`` reads as
+"holds 1 + 3 + 4 so far". The schedule is the one the hook executes, checked first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..schedules import ALGORITHMS, Schedule, checked_schedule
+from ..viz import explain, simulate
+
+
+def add_parser(subparsers) -> None:
+    """Add the ``explain`` subcommand."""
+    parser = subparsers.add_parser(
+        "explain",
+        help="print an all-reduce algorithm step by step on example numbers, with its cost",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_schedule_arguments(parser)
+    parser.add_argument(
+        "--elements", type=int, default=None, metavar="N",
+        help="elements in the example buffer; sets chunk sizes and the cost (default: one per chunk)",
+    )
+    parser.add_argument(
+        "--element-size", type=int, default=4, metavar="BYTES", help="bytes per element for the cost (default: 4, fp32)"
+    )
+    parser.add_argument("--alpha", type=float, default=5e-6, help="α: seconds per step (latency); default 5e-6")
+    parser.add_argument(
+        "--beta", type=float, default=1e-9, help="β: seconds per byte (1 / bandwidth); default 1e-9, i.e. 1 GB/s"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the explanation; exit code 2 on bad arguments."""
+    if args.elements is not None and args.elements < 0:
+        return fail(f"--elements must be 0 or more, got {args.elements}")
+    if args.element_size < 1:
+        return fail(f"--element-size must be at least 1 byte, got {args.element_size}")
+    if args.alpha < 0 or args.beta < 0:
+        return fail("--alpha and --beta must be 0 or more (seconds per step, seconds per byte)")
+    try:
+        schedule, options = schedule_from_args(args)
+    except ValueError as error:
+        return fail(str(error))
+    simulation = simulate(schedule, elements=args.elements)
+    sys.stdout.write(
+        explain(simulation, element_size=args.element_size, alpha=args.alpha, beta=args.beta, options=options)
+    )
+    return 0
+
+
+def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--algorithm``, ``--world-size`` and the algorithms' options (shared with ``animate``)."""
+    parser.add_argument(
+        "--algorithm", default="ring", choices=ALGORITHMS, help="the all-reduce algorithm (default: ring)"
+    )
+    parser.add_argument("--world-size", type=int, default=4, metavar="P", help="number of ranks (default: 4)")
+    parser.add_argument(
+        "--local-size", type=int, default=None, metavar="G",
+        help="hierarchical only: ranks per node; must divide the world size",
+    )
+    parser.add_argument(
+        "--segments", type=int, default=None, metavar="K", help="tree only: pipeline the buffer in K segments"
+    )
+
+
+def schedule_from_args(args: argparse.Namespace) -> tuple[Schedule, dict[str, object]]:
+    """The checked schedule the arguments name, and the builder options that were given."""
+    if args.world_size < 1:
+        raise ValueError(f"--world-size must be at least 1, got {args.world_size}")
+    options = {
+        name: value
+        for name, value in (("local_size", args.local_size), ("segments", args.segments))
+        if value is not None
+    }
+    try:
+        return checked_schedule(args.algorithm, args.world_size, **options), options
+    except ValueError as error:
+        hint = " (on the command line: --local-size G)" if "local_size" in str(error) else ""
+        raise ValueError(f"{error}{hint}") from None
+    except TypeError:
+        given = ", ".join(f"--{name.replace('_', '-')}" for name in options)
+        raise ValueError(f"{args.algorithm} does not take {given}; drop it or choose an algorithm that does") from None
+
+
+def fail(message: str) -> int:
+    """Print ``message`` as an error and return the usage-error exit code."""
+    print(f"ddp-ring-hooks: error: {message}", file=sys.stderr)
+    return 2

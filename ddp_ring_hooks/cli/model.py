@@ -1,0 +1,185 @@
+"""``ddp-ring-hooks model``: what the α-β-γ model predicts, per algorithm and world size.
+
+The article's table done right: the same buffer, the same links, every algorithm, several
+world sizes side by side, and the two lessons the numbers teach printed under the table::
+
+    $ ddp-ring-hooks model --size 1GB --world-sizes 4,8,64 --bandwidth 100GB/s --latency 5us
+
+Sizes take B, KB, MB, GB (powers of 1000) or KiB, MiB, GiB (powers of 1024); bandwidths the
+same units per second (``GB/s``), or bits (``Gb/s``, ``Gbit/s``); latencies ns, us (µs), ms, s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import textwrap
+
+from ..cost_model import predict
+from ..schedules import ALGORITHMS
+
+_SIZE_UNITS = {
+    "": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_BIT_PREFIXES = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def parse_size(text: str) -> float:
+    """``"1GB"`` -> 1e9, ``"4MiB"`` -> 4194304, ``"512"`` -> 512 (bytes)."""
+    number, unit = _split(text, "size", "1GB, 64MiB or 512")
+    if unit.lower() not in _SIZE_UNITS:
+        raise ValueError(f"unknown size unit {unit!r} in {text!r}; use B, KB, MB, GB, KiB, MiB or GiB")
+    return number * _SIZE_UNITS[unit.lower()]
+
+
+def parse_bandwidth(text: str) -> float:
+    """Bytes per second: ``"100GB/s"`` -> 1e11; a lower-case b means bits: ``"25Gb/s"`` -> 3.125e9."""
+    number, unit = _split(text, "bandwidth", "100GB/s or 25Gbit/s")
+    per = unit.removesuffix("/s").removesuffix("ps")  # GB/s, GBps, Gbit/s, Gbps
+    if per.endswith("bit"):
+        per = per[:-3] + "b"
+    if per.endswith("b") and per[:-1].lower() in _BIT_PREFIXES:
+        return number * _BIT_PREFIXES[per[:-1].lower()] / 8
+    if per and per.lower() in _SIZE_UNITS:
+        return number * _SIZE_UNITS[per.lower()]
+    raise ValueError(f"unknown bandwidth unit {unit!r} in {text!r}; use e.g. GB/s, MiB/s or Gb/s (bits)")
+
+
+def parse_time(text: str) -> float:
+    """Seconds: ``"5us"`` -> 5e-6, ``"2ms"`` -> 2e-3."""
+    number, unit = _split(text, "latency", "5us or 2ms")
+    if unit.lower() not in _TIME_UNITS:
+        raise ValueError(f"unknown time unit {unit!r} in {text!r}; use ns, us, ms or s")
+    return number * _TIME_UNITS[unit.lower()]
+
+
+def _split(text: str, what: str, examples: str) -> tuple[float, str]:
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([^\s0-9].*)?\s*", text)
+    if not match:
+        raise ValueError(f"cannot read {what} {text!r}; write a number and a unit, e.g. {examples}")
+    return float(match.group(1)), (match.group(2) or "").strip()
+
+
+def format_seconds(seconds: float) -> str:
+    """Four significant-ish digits in the unit that fits: ``1.25 ms``, ``980 us``."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def format_bytes(nbytes: float) -> str:
+    """``1.0 GB``, ``64 KB``: powers of 1000, as bandwidths are quoted."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:.3g} B"
+
+
+def add_parser(subparsers) -> None:
+    """Add ``model`` to the CLI."""
+    parser = subparsers.add_parser(
+        "model",
+        help="predicted all-reduce time per algorithm and world size (alpha-beta-gamma model)",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("--size", default="1GB", help="bytes per rank to all-reduce; a comma list gives one table each (default: 1GB)")
+    parser.add_argument("--world-sizes", default="4,8,64", help="comma-separated numbers of ranks, one column each (default: 4,8,64)")
+    parser.add_argument("--bandwidth", default="100GB/s", help="link bandwidth, e.g. 100GB/s or 200Gb/s (default: 100GB/s)")
+    parser.add_argument("--latency", default="5us", help="per-message latency alpha, e.g. 5us (default: 5us)")
+    parser.add_argument("--reduce-bandwidth", default=None, help="rate of local additions, e.g. 400GB/s (gamma = 1/rate; default: free)")
+    parser.add_argument("--local-size", type=int, default=None, help="ranks per node: adds the hierarchical row for world sizes it divides")
+    parser.add_argument("--local-bandwidth", default=None, help="intra-node bandwidth for hierarchical (default: --bandwidth)")
+    parser.add_argument("--local-latency", default=None, help="intra-node latency for hierarchical (default: --latency)")
+    parser.add_argument("--segments", type=int, default=1, help="pipeline segments of the tree (default: 1)")
+    parser.add_argument("--algorithms", default=",".join(a for a in ALGORITHMS if a != "hierarchical"),
+                        help="comma-separated rows (default: every flat algorithm; hierarchical joins with --local-size)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print one table per size; return 0, or 2 with a message on bad input."""
+    try:
+        sizes = [parse_size(s) for s in args.size.split(",")]
+        world_sizes = [int(p) for p in args.world_sizes.split(",")]
+        params = {
+            "alpha": parse_time(args.latency),
+            "beta": 1 / parse_bandwidth(args.bandwidth),
+            "gamma": 1 / parse_bandwidth(args.reduce_bandwidth) if args.reduce_bandwidth else 0.0,
+        }
+        local = {
+            "local_alpha": parse_time(args.local_latency) if args.local_latency else None,
+            "local_beta": 1 / parse_bandwidth(args.local_bandwidth) if args.local_bandwidth else None,
+        }
+        algorithms = [a.strip() for a in args.algorithms.split(",")]
+        if args.local_size and "hierarchical" not in algorithms:
+            algorithms.append("hierarchical")
+        unknown = [a for a in algorithms if a not in ALGORITHMS]
+        if unknown or min(world_sizes) < 1 or args.segments < 1:
+            raise ValueError(f"algorithms must be among {', '.join(ALGORITHMS)}, world sizes >= 1 and segments >= 1")
+    except ValueError as error:
+        print(f"ddp-ring-hooks model: {error}")
+        return 2
+    for index, nbytes in enumerate(sizes):
+        if index:
+            print()
+        print(render_table(nbytes, world_sizes, algorithms, params, local, args.local_size, args.segments))
+    return 0
+
+
+def render_table(nbytes, world_sizes, algorithms, params, local, local_size, segments) -> str:
+    """The table for one size plus the lines that explain it."""
+    gamma = f", gamma {params['gamma'] * 1e12:.3g} ps/B" if params["gamma"] else ""
+    lines = [
+        f"all-reduce of {format_bytes(nbytes)} per rank: alpha {format_seconds(params['alpha'])}, "
+        f"bandwidth {format_bytes(1 / params['beta'])}/s{gamma}",
+    ]
+    header = ["algorithm"] + [f"p={p}" for p in world_sizes]
+    rows = [header]
+    for algorithm in algorithms:
+        label = f"{algorithm} ({local_size}/node)" if algorithm == "hierarchical" else algorithm
+        if algorithm == "tree" and segments > 1:
+            label = f"tree ({segments} segments)"
+        cells = [label]
+        for p in world_sizes:
+            if algorithm == "hierarchical" and (not local_size or p % local_size):
+                cells.append("-")
+                continue
+            options = {"segments": segments} if algorithm == "tree" else {}
+            if algorithm == "hierarchical":
+                options = {"local_size": local_size, **local}
+            cells.append(format_seconds(predict(algorithm, nbytes, p, **params, **options)))
+        rows.append(cells)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
+    lines += [textwrap.fill(line, width=100, subsequent_indent="  ") for line in explain(nbytes, world_sizes, params)]
+    return "\n".join(lines)
+
+
+def explain(nbytes: float, world_sizes: list[int], params: dict) -> list[str]:
+    """Why the ring barely grows with p, and below which size the tree beats it."""
+    alpha, beta, gamma = params["alpha"], params["beta"], params["gamma"]
+    low, high = min(world_sizes), max(world_sizes)
+    if high < 2:
+        return ["", "one rank: nothing to communicate."]
+    lines = [
+        "",
+        f"ring barely grows with p: each rank sends 2(p-1)/p of the buffer, "
+        f"{format_seconds(2 * (low - 1) / low * nbytes * beta)} at p={low} and "
+        f"{format_seconds(2 * (high - 1) / high * nbytes * beta)} at p={high}, never more than 2n/B = "
+        f"{format_seconds(2 * nbytes * beta)}; only its latency 2(p-1)*alpha grows linearly, "
+        f"{format_seconds(2 * (low - 1) * alpha)} -> {format_seconds(2 * (high - 1) * alpha)}.",
+    ]
+    for p in world_sizes:
+        rounds = math.ceil(math.log2(p)) if p > 1 else 0
+        saved = 2 * (p - 1 - rounds) * alpha  # latency the tree saves
+        extra = (2 * rounds - 2 * (p - 1) / p) * beta + (rounds - (p - 1) / p) * gamma  # per byte it pays more
+        if saved > 0 and extra > 0:
+            lines.append(f"tree at p={p}: {2 * rounds} latency steps instead of {2 * (p - 1)}; "
+                         f"it beats the ring below {format_bytes(saved / extra)} per rank.")
+    lines.append("halving_doubling: the ring's bytes in 2 lg p steps when p is a power of two; "
+                 "otherwise its fold adds two whole-buffer messages.")
+    return lines

@@ -1,0 +1,209 @@
+"""``algorithm="auto"``: per bucket, the algorithm the calibrated cost model says is fastest.
+
+At registration every rank takes part in a short probe: each candidate algorithm all-reduces
+a small, a medium and a large buffer a few times, through the same executor the hook uses.
+Rank 0 fits α and β *per algorithm* to its timings (:func:`~ddp_ring_hooks.cost_model.fit`)
+and broadcasts them, so every rank holds the same numbers and, for a bucket of a given size,
+computes the same choice (ranks that disagreed on the schedule would deadlock)::
+
+    probe (all ranks) ─▶ fit per algorithm ─▶ broadcast from ─▶ per bucket size n:
+    candidates x sizes    on rank 0            rank 0            argmin_a  α_a·A_a(n) + β_a·B_a(n)
+
+Why per algorithm: the textbook model prices every step the same, but real steps are not
+equal. On a host with fewer cores than ranks, a ring step needs every rank awake at once
+while a tree step needs two, and a step of the executor pays Python and batching overheads
+the formula knows nothing about. Fitting α, β per algorithm keeps each formula's shape (how
+time grows with ``n``) and lets the measurement set the constants.
+
+Small buckets go to the latency-lean algorithms, large ones to the bandwidth-optimal ones.
+Each distinct bucket size is decided once, cached, and logged on the ``ddp_ring_hooks.auto``
+logger. Ties go to the algorithm listed first in ``ALGORITHMS``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+
+from ..cost_model import Calibration, fit
+from ..runtime import run_schedule
+from ..schedules import ALGORITHMS, checked_schedule
+from ..schedules.hierarchical import resolve_local_size
+
+AUTO = "auto"
+
+#: Bytes per rank of the probe's all-reduces: latency-bound, middle, bandwidth-bound.
+PROBE_SIZES = (1024, 128 * 1024, 2 * 1024 * 1024)
+
+logger = logging.getLogger("ddp_ring_hooks.auto")
+
+
+def calibrate(
+    group: dist.ProcessGroup | None = None,
+    *,
+    candidates: tuple[str, ...] = ("ring",),
+    options: Mapping[str, Mapping] | None = None,
+    sizes: tuple[int, ...] = PROBE_SIZES,
+    repeats: int = 5,
+) -> dict[str, Calibration]:
+    """Time all-reduces of each candidate at ``sizes`` bytes on ``group``; fit α, β per candidate.
+
+    Collective: every rank of ``group`` must call it with the same arguments. Rank 0's fits
+    are broadcast, so every rank returns the same numbers. ``options[algorithm]`` are the
+    schedule options of that algorithm (``segments``, ``local_size``).
+    """
+    world_size = dist.get_world_size(group)
+    options = options or {}
+    if world_size == 1:
+        return {a: Calibration(0.0, 0.0) for a in candidates}
+    device = _device_of(group)
+    fitted = []
+    for algorithm in candidates:
+        schedule = checked_schedule(algorithm, world_size, **options.get(algorithm, {}))
+        samples = [(nbytes, _time_all_reduce(schedule, nbytes, group, device, repeats)) for nbytes in sizes]
+        mine = fit(samples, algorithm=algorithm, world_size=world_size, **options.get(algorithm, {}))
+        fitted += [mine.alpha, mine.beta]
+    agreed = torch.tensor(fitted, dtype=torch.float64, device=device)
+    dist.broadcast(agreed, group=group, group_src=0)
+    values = agreed.tolist()
+    return {a: Calibration(values[2 * i], values[2 * i + 1]) for i, a in enumerate(candidates)}
+
+
+def _time_all_reduce(schedule, nbytes: int, group, device: torch.device, repeats: int) -> float:
+    """Fastest of ``repeats`` runs of ``schedule`` on ``nbytes``, after one warm-up.
+
+    The fastest, not the median: on a busy host noise only ever adds time, and what tells the
+    algorithms apart is what each costs when it gets the machine.
+    """
+    buffer = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+    run_schedule(schedule, buffer, group=group)  # warm-up: connections, allocator
+    times = []
+    for _ in range(repeats):
+        _synchronize(device)
+        start = time.perf_counter()
+        run_schedule(schedule, buffer, group=group)
+        _synchronize(device)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+class AutoSelector:
+    """Chooses, per bucket size, the algorithm with the least predicted time.
+
+    Args:
+        calibration: α, β (and γ) to predict with, one :class:`Calibration` shared by all
+            algorithms or one per algorithm (as :func:`calibrate` returns); the same on
+            every rank.
+        world_size: ranks in the group.
+        local_size: ranks per node for ``hierarchical`` (default ``LOCAL_WORLD_SIZE``); without
+            one that makes more than one node of more than one rank, hierarchical is not a
+            candidate.
+        segments: the tree's pipeline depth.
+        candidates: the algorithms to choose from (default: all that apply).
+
+    Example::
+
+        >>> selector = AutoSelector(Calibration(alpha=50e-6, beta=1e-9), world_size=8)
+        >>> selector.choose(4096)
+        ('halving_doubling', {})
+    """
+
+    def __init__(
+        self,
+        calibration: Calibration | Mapping[str, Calibration],
+        world_size: int,
+        *,
+        local_size: int | None = None,
+        segments: int = 1,
+        candidates: tuple[str, ...] | None = None,
+    ) -> None:
+        self.world_size = world_size
+        self.candidates = tuple(candidates) if candidates is not None else default_candidates(world_size, local_size)
+        self.options = schedule_options(world_size, self.candidates, local_size=local_size, segments=segments)
+        if isinstance(calibration, Calibration):
+            calibration = {a: calibration for a in self.candidates}
+        missing = [a for a in self.candidates if a not in calibration]
+        if missing:
+            raise ValueError(f"auto has no calibration for {', '.join(missing)}; calibrate every candidate")
+        self.calibration = dict(calibration)
+        self._choices: dict[int, str] = {}
+
+    @classmethod
+    def probed(
+        cls,
+        group: dist.ProcessGroup | None = None,
+        *,
+        calibration: Calibration | Mapping[str, Calibration] | None = None,
+        local_size: int | None = None,
+        segments: int = 1,
+        candidates: tuple[str, ...] | None = None,
+    ) -> AutoSelector:
+        """Calibrate every candidate on ``group`` (collective) unless ``calibration`` is given."""
+        world_size = dist.get_world_size(group)
+        if calibration is None:
+            candidates = tuple(candidates) if candidates is not None else default_candidates(world_size, local_size)
+            options = schedule_options(world_size, candidates, local_size=local_size, segments=segments)
+            calibration = calibrate(group, candidates=candidates, options=options)
+            for algorithm, fitted in calibration.items():
+                logger.info("auto: %s calibrated to alpha=%.1f us, beta=%.3f ns/B", algorithm, fitted.alpha * 1e6, fitted.beta * 1e9)
+        return cls(calibration, world_size, local_size=local_size, segments=segments, candidates=candidates)
+
+    def predictions(self, nbytes: int) -> dict[str, float]:
+        """Predicted seconds of every candidate for a bucket of ``nbytes``."""
+        return {
+            a: self.calibration[a].predict(a, nbytes, self.world_size, **self.options.get(a, {}))
+            for a in self.candidates
+        }
+
+    def choose(self, nbytes: int) -> tuple[str, dict[str, int]]:
+        """``(algorithm, schedule options)`` for a bucket of ``nbytes``; decided once per size."""
+        if nbytes not in self._choices:
+            predicted = self.predictions(nbytes)
+            best = min(predicted.values())
+            # A relative tolerance so that equal formulas (ring and halving-doubling on 2 ranks) tie.
+            chosen = next(a for a in self.candidates if predicted[a] <= best * (1 + 1e-9))
+            self._choices[nbytes] = chosen
+            logger.info(
+                "auto: %d-byte bucket on %d ranks -> %s (predicted %s)", nbytes, self.world_size, chosen,
+                ", ".join(f"{a} {t * 1e6:.0f} us" for a, t in sorted(predicted.items(), key=lambda item: item[1])),
+            )
+        chosen = self._choices[nbytes]
+        return chosen, dict(self.options.get(chosen, {}))
+
+
+def default_candidates(world_size: int, local_size: int | None = None) -> tuple[str, ...]:
+    """Every algorithm; hierarchical only when ``local_size`` (or ``LOCAL_WORLD_SIZE``) makes
+    more than one node of more than one rank (otherwise it is just a slower ring)."""
+    try:
+        ranks_per_node = resolve_local_size(world_size, local_size)
+    except ValueError:
+        ranks_per_node = world_size
+    return tuple(a for a in ALGORITHMS if a != "hierarchical" or 1 < ranks_per_node < world_size)
+
+
+def schedule_options(
+    world_size: int, candidates: tuple[str, ...], *, local_size: int | None, segments: int
+) -> dict[str, dict[str, int]]:
+    """The schedule options each candidate runs with; checks the candidates' names."""
+    unknown = [a for a in candidates if a not in ALGORITHMS]
+    if unknown or not candidates:
+        raise ValueError(f"auto candidates must be some of {', '.join(ALGORITHMS)}; got {candidates}")
+    options: dict[str, dict[str, int]] = {"tree": {"segments": segments}}
+    if "hierarchical" in candidates:
+        options["hierarchical"] = {"local_size": resolve_local_size(world_size, local_size)}
+    return options
+
+
+def _device_of(group: dist.ProcessGroup | None) -> torch.device:
+    if "nccl" in str(dist.get_backend(group)):  # "nccl", or "cpu:gloo,cuda:nccl": the hook's CUDA buckets
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,118 @@
+"""Do all ranks hand the hook the same buckets? A cheap cross-rank check for the first steps.
+
+The ring sends chunk ``c`` of a bucket to its neighbour, which expects chunk ``c`` of the same
+bucket. If the ranks built different buckets (a parameter of another size on one rank, a
+different ``bucket_cap_mb``, parameters created only on some ranks), a ring would deadlock or,
+worse, add unrelated gradients together and train on garbage.
+
+So, for the first few iterations, each rank describes the bucket it is about to reduce in four
+integers, and the ranks all-gather these rows before any gradient moves::
+
+             bucket  elements  dtype    last
+    rank 0:  [    0,   50410,  float32,  0  ]
+    rank 1:  [    0,   50610,  float32,  1  ]   <- the ranks disagree: raise
+
+Every rank sees the same table, so every rank raises the same error at the same bucket: no
+rank is left waiting for a partner, and the process group stays usable. "last" catches ranks
+with different numbers of buckets at the first bucket where they differ.
+
+Cost: one all-gather of ``4 * world_size`` integers per bucket, on the hook's thread before the
+bucket is queued (so it stays in the same order as DDP's own collectives on every rank); on
+CUDA it also copies those integers to the host. :class:`~ddp_ring_hooks.HookState` runs it
+for its first ``check_layout_steps`` iterations only (default 2: DDP's first iteration uses
+one big bucket, the second the rebuilt ones), then never again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+#: dtype <-> small integer code for the all-gathered row (same table on every rank).
+_DTYPES = (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
+    torch.complex128, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+)
+
+#: The fields of a row, as they are named in error messages.
+_FIELDS = ("bucket index", "number of elements", "dtype", "last bucket")
+
+
+class BucketLayoutMismatchError(RuntimeError):
+    """The ranks reduce buckets that differ (index, size, dtype or count).
+
+    Attributes:
+        rows: every rank's ``(bucket index, numel, dtype code, is_last)``, by group rank.
+    """
+
+    def __init__(self, message: str, rows: list[list[int]] | None = None) -> None:
+        super().__init__(message)
+        self.rows = rows or []
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """What a rank says about the bucket it is about to reduce."""
+
+    index: int
+    numel: int
+    dtype: torch.dtype
+    is_last: bool
+
+    def as_row(self) -> list[int]:
+        code = _DTYPES.index(self.dtype) if self.dtype in _DTYPES else -1
+        return [self.index, self.numel, code, int(self.is_last)]
+
+
+def check_bucket_layout(
+    layout: BucketLayout,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    iteration: int,
+) -> None:
+    """All-gather ``layout`` over ``group``; raise :class:`BucketLayoutMismatchError` on every
+    rank if any two ranks differ. ``device`` is the bucket's (NCCL all-gathers CUDA tensors)."""
+    world_size = dist.get_world_size(group)
+    if world_size == 1:
+        return
+    row = torch.tensor(layout.as_row(), dtype=torch.int64, device=device)
+    table = [torch.empty_like(row) for _ in range(world_size)]
+    dist.all_gather(table, row, group=group)
+    rows = torch.stack(table).tolist()
+    if any(other != rows[0] for other in rows[1:]):
+        raise BucketLayoutMismatchError(describe_mismatch(rows, iteration=iteration), rows)
+
+
+def describe_mismatch(rows: list[list[int]], *, iteration: int) -> str:
+    """Say which fields the ranks disagree on and each rank's value, then the usual causes."""
+    lines = [
+        f"ring_hook: the ranks disagree on the gradient bucket they are about to reduce "
+        f"(bucket {rows[0][0]} on rank 0, iteration {iteration}); reducing it would deadlock or "
+        "mix unrelated gradients, so every rank stops here:"
+    ]
+    for field, name in enumerate(_FIELDS):
+        values = [row[field] for row in rows]
+        if len(set(values)) > 1:
+            shown = ", ".join(f"rank {r}: {_show(field, v)}" for r, v in enumerate(values))
+            lines.append(f"  - {name} differs: {shown}")
+    if len({row[3] for row in rows}) > 1:
+        lines.append("    (so the ranks have different numbers of buckets)")
+    lines.append(
+        "Every rank must build the same model (same parameter shapes and dtypes, created in the "
+        "same order) and wrap it with the same DistributedDataParallel arguments (bucket_cap_mb, "
+        "find_unused_parameters, static_graph). HookState(check_layout_steps=0) turns this check off."
+    )
+    return "\n".join(lines)
+
+
+def _show(field: int, value: int) -> str:
+    if field == 1:
+        return f"{value:,}"
+    if field == 2:
+        return str(_DTYPES[value]).removeprefix("torch.") if 0 <= value < len(_DTYPES) else "other"
+    if field == 3:
+        return "yes" if value else "no"
+    return str(value)

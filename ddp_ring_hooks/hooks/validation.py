@@ -1,0 +1,139 @@
+"""Checks that turn bad configuration into a clear error at registration, not a hang later.
+
+A hook that starts sending with a wrong setting fails late and far from the cause: in the
+first backward pass, on another rank, or never (a deadlock). So :func:`validate_registration`
+(with :func:`validate_state`) checks, before the first bucket, everything that can be known
+on one rank:
+
+- the process group: torch.distributed is initialized, this rank is a member, the backend
+  can do point-to-point ``batch_isend_irecv`` (gloo on CPU, NCCL on CUDA);
+- the algorithm and its options: the schedule is built for the group's size and proven an
+  all-reduce (e.g. ``hierarchical`` needs a ``local_size`` that divides the world size);
+- the gradients: no module makes sparse gradients (DDP hands those over as sparse buckets).
+
+:func:`validate_bucket` is the cheap per-bucket part (dtype and layout of the buffer) for
+hooks that were attached without :func:`~ddp_ring_hooks.register`. What one rank cannot know
+(whether the other ranks built the same buckets) is checked across ranks in
+:mod:`~ddp_ring_hooks.hooks.layout_check`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..schedules import BUILDERS, Schedule, checked_schedule
+from .auto import AUTO
+
+if TYPE_CHECKING:
+    from .state import HookState
+
+#: Backends whose point-to-point operations the executor uses.
+SUPPORTED_BACKENDS = ("gloo", "nccl")
+
+
+def validate_registration(module: nn.Module, group: dist.ProcessGroup | None) -> None:
+    """Before the state is built: the group can carry the hook, ``module`` makes dense gradients."""
+    validate_group(group)
+    validate_gradients(module)
+
+
+def validate_state(state: HookState) -> None:
+    """After the state is built: its algorithm and options make a schedule for its group."""
+    if state.algorithm != AUTO:  # "auto" builds and checks its candidates itself
+        validate_algorithm(state.algorithm, state.world_size, state.algorithm_options)
+
+
+def validate_group(group: dist.ProcessGroup | None) -> None:
+    """Raise a clear error unless ``group`` (``None``: the default group) can carry the hook."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialized: call dist.init_process_group('gloo') (CPU) or "
+            "dist.init_process_group('nccl') (CUDA) before the first backward pass, as DDP needs"
+        )
+    if group is dist.GroupMember.NON_GROUP_MEMBER or dist.get_rank(group) < 0:
+        raise ValueError(
+            f"this process (global rank {dist.get_rank()}) is not a member of the hook's process "
+            "group: dist.new_group returns a placeholder on ranks outside it. Pass a group that "
+            "contains every rank running this DDP model, or process_group=None for the default group"
+        )
+    backend = str(dist.get_backend(group))
+    # Mixed groups read like "cpu:gloo,cuda:nccl": every device's backend must do P2P.
+    names = [part.rpartition(":")[2] for part in backend.split(",")]
+    if not all(name in SUPPORTED_BACKENDS for name in names):
+        raise ValueError(
+            f"the hook's process group uses the {backend!r} backend, which ddp_ring_hooks cannot "
+            f"use: it needs point-to-point batch_isend_irecv, supported here on "
+            f"{' and '.join(SUPPORTED_BACKENDS)}. Create the group with backend='gloo' (CPU "
+            "tensors) or backend='nccl' (CUDA tensors)"
+        )
+
+
+def validate_algorithm(algorithm: str, world_size: int, options: dict) -> Schedule:
+    """Build and prove the schedule, turning a builder's complaint into a message with context."""
+    if algorithm not in BUILDERS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(BUILDERS)}")
+    accepted = _builder_options(algorithm)
+    unknown = sorted(set(options) - set(accepted)) if accepted is not None else []
+    if unknown:
+        raise ValueError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} for "
+            f"the {algorithm} algorithm; it accepts "
+            f"{', '.join(map(repr, accepted)) if accepted else 'no options'}"
+        )
+    try:
+        return checked_schedule(algorithm, world_size, **options)
+    except (TypeError, ValueError) as error:
+        shown = ", ".join(f"{k}={v!r}" for k, v in sorted(options.items())) or "no options"
+        raise ValueError(
+            f"the {algorithm} algorithm cannot run on this process group of {world_size} ranks "
+            f"with {shown}: {error}"
+        ) from error
+
+
+def validate_gradients(module: nn.Module) -> None:
+    """Refuse modules that produce sparse gradients: DDP hands them to the hook as sparse buckets."""
+    sparse = [
+        name or type(module).__name__
+        for name, child in module.named_modules()
+        if isinstance(child, (nn.Embedding, nn.EmbeddingBag)) and child.sparse
+    ]
+    if sparse:
+        raise ValueError(
+            f"{', '.join(sparse)} make{'s' if len(sparse) == 1 else ''} sparse gradients "
+            "(sparse=True), which DDP hands to communication hooks as sparse buckets; ring_hook "
+            "reduces dense buckets only. Build them with sparse=False, or keep DDP's default "
+            "all-reduce for this model"
+        )
+
+
+def validate_bucket(buffer: torch.Tensor) -> None:
+    """The per-bucket check: a dense floating-point or complex buffer (cheap: no data read)."""
+    if buffer.layout != torch.strided:
+        raise TypeError(
+            f"ring_hook got a {buffer.layout} gradient bucket; it reduces dense buckets only. DDP "
+            "makes sparse buckets for nn.Embedding(sparse=True) / nn.EmbeddingBag(sparse=True): "
+            "build them with sparse=False, or keep DDP's default all-reduce for this model"
+        )
+    if not (buffer.is_floating_point() or buffer.is_complex()):
+        raise TypeError(
+            f"ring_hook averages gradients, but got a {buffer.dtype} bucket: an average of integers "
+            "is not an integer. Use floating-point (or complex) tensors, or sum integer tensors "
+            "with ddp_ring_hooks.all_reduce(tensor)"
+        )
+
+
+def _builder_options(algorithm: str) -> tuple[str, ...] | None:
+    """Options the algorithm's builder accepts (after ``world_size``); ``None``: any (``**kw``)."""
+    parameters = inspect.signature(BUILDERS[algorithm]).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return tuple(
+        p.name for p in parameters
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+        or (p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.name != "world_size")
+    )

@@ -1,0 +1,350 @@
+"""Lightning integration: the ring hook on every device, its timing in the Trainer's own run.
+
+Three pieces, all opt-in::
+
+    import ddp_ring_hooks.integrations.lightning as ring_lightning      # registers "ddp_ring"
+
+    trainer = pl.Trainer(
+        strategy="ddp_ring",                     # or RingDDPStrategy(algorithm="ring", bucket_cap_mb=2)
+        callbacks=[ring_lightning.CommTimingLogger(),
+                   ring_lightning.ThroughputLogger(tokens_per_sample=128)],
+    )
+
+1. :class:`RingDDPStrategy` is a ``DDPStrategy`` that attaches :func:`~ddp_ring_hooks.ring_hook`
+   right after wrapping the model in DDP, on CPU/gloo as on CUDA/NCCL. Lightning's own
+   ``DDPStrategy(ddp_comm_hook=...)`` registers a hook only when the device is CUDA and
+   silently drops it elsewhere, so a CPU run would quietly use plain DDP. The strategy
+   then reads DDP's own record (``_get_ddp_logging_data()["comm_hook"]``) and fails loudly
+   if the hook is not there.
+2. :class:`CommTimingLogger` sends the hook's telemetry (per-bucket and per-step
+   communication time, bytes, bus bandwidth) into the Trainer's TensorBoard logger: the same
+   run directory as the loss, on the same x axis (the optimizer step).
+3. :class:`ThroughputLogger` logs samples/s (and tokens/s) for every optimizer step.
+
+How the steps line up with gradient accumulation (``accumulate_grad_batches=3``)::
+
+    micro-batch        1        2        3    |    4        5        6    |
+    DDP                no_sync  no_sync  sync |    no_sync  no_sync  sync |
+    ring_hook                          buckets|                   buckets|
+    optimizer step                       1    |                     2    |
+    TensorBoard x      0        0        0    |    1        1        1    |
+
+(Lightning logs the batches of optimizer step N at x = N - 1; ``comm/*`` and
+``throughput/*`` of step N go there too.)
+
+Lightning runs the non-stepping micro-batches under ``DDP.no_sync()``, so the hook runs
+once per optimizer step; the hook's step counter (``HookState.iteration``) is set to the
+Trainer's ``global_step`` when training starts, so it also continues after a resume from a
+checkpoint.
+
+This is the only module of the package that imports lightning.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from torch.nn.parallel import DistributedDataParallel
+
+from ..hooks import HookState, register, ring_hook
+from ..schedules import ALGORITHMS
+from ..telemetry import Sink, TensorBoardSink
+
+STRATEGY_NAME = "ddp_ring"
+
+# Lightning logs what the batches of optimizer step N (1-based) produced at x = N - 1 (its
+# step counter before that step). Comm and throughput of step N go to the same x.
+LIGHTNING_STEP_OFFSET = -1
+
+
+def reported_comm_hook(ddp_model: DistributedDataParallel) -> str | None:
+    """The name of the communication hook DDP itself reports for ``ddp_model`` (None if none)."""
+    return ddp_model._get_ddp_logging_data().get("comm_hook") or None
+
+
+class RingDDPStrategy(DDPStrategy):
+    """``DDPStrategy`` whose gradients are averaged by :func:`~ddp_ring_hooks.ring_hook`.
+
+    Args:
+        algorithm: the all-reduce algorithm, one of :data:`ddp_ring_hooks.ALGORITHMS`.
+        algorithm_options: options of that algorithm's schedule builder.
+        log_dir, log_every, trace_steps, per_rank, spread_every, sinks: the hook's telemetry
+            (see :func:`ddp_ring_hooks.register`); all off by default.
+        **kwargs: everything ``DDPStrategy`` takes (``bucket_cap_mb``, ``process_group_backend``,
+            ``timeout``, ``start_method``, ...), except the hook arguments: this strategy owns
+            DDP's single hook slot.
+
+    After ``trainer.fit`` starts, :attr:`hook_state` is the :class:`~ddp_ring_hooks.HookState`
+    and :attr:`reported_comm_hook` what DDP reports as its hook (``"ring_hook"``).
+
+    Example::
+
+        >>> trainer = pl.Trainer(strategy=RingDDPStrategy(bucket_cap_mb=2), accelerator="cpu", devices=2)
+    """
+
+    strategy_name = STRATEGY_NAME
+
+    def __init__(
+        self,
+        algorithm: str = "ring",
+        *,
+        algorithm_options: Mapping[str, Any] | None = None,
+        log_dir: str | None = None,
+        log_every: int = 1,
+        trace_steps: int | tuple[int, int] | None = None,
+        per_rank: bool = False,
+        spread_every: int = 0,
+        sinks: Sequence[Sink] = (),
+        **kwargs: Any,
+    ) -> None:
+        for owned in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
+            if kwargs.get(owned) is not None:
+                raise ValueError(
+                    f"RingDDPStrategy attaches its own hook, so it cannot take {owned}=; drop it, "
+                    "or use lightning's DDPStrategy to run a different hook"
+                )
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+        super().__init__(**kwargs)
+        self.algorithm = algorithm
+        self._algorithm_options = dict(algorithm_options or {})
+        self._telemetry_options = {
+            "log_dir": log_dir,
+            "log_every": log_every,
+            "trace_steps": trace_steps,
+            "per_rank": per_rank,
+            "spread_every": spread_every,
+        }
+        self._sinks = list(sinks)
+        self.hook_state: HookState | None = None
+        # What DDP itself reported right after the hook was attached (the model is unwrapped
+        # again at teardown, so this keeps the proof).
+        self.reported_comm_hook: str | None = None
+
+    def add_sink(self, sink: Sink) -> None:
+        """Send the hook's telemetry records to ``sink`` too (before or after the hook exists)."""
+        if self.hook_state is None:
+            self._sinks.append(sink)
+        else:
+            self.hook_state.telemetry.add_sink(sink)
+
+    def configure_ddp(self) -> None:
+        """Wrap the model in DDP (Lightning's code), then attach the ring hook and check it."""
+        super().configure_ddp()  # registers nothing: this strategy never passes ddp_comm_hook
+        if self.hook_state is not None:  # a second fit with the same strategy object
+            self.hook_state.close()
+        self.hook_state = register(
+            self.model,
+            algorithm=self.algorithm,
+            sinks=tuple(self._sinks),
+            **self._telemetry_options,
+            **self._algorithm_options,
+        )
+        self.reported_comm_hook = reported_comm_hook(self.model)
+        if self.reported_comm_hook != ring_hook.__qualname__:
+            raise RuntimeError(
+                f"DDP reports the communication hook {self.reported_comm_hook!r} instead of "
+                f"{ring_hook.__qualname__!r}; "
+                "the model was wrapped without the ring hook (was configure_ddp overridden?)"
+            )
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        # The telemetry's x axis is the hook's step counter. Lining it up with global_step
+        # here (after a checkpoint has been restored) makes it continue across resumes.
+        assert self.hook_state is not None
+        self.hook_state.iteration = self.lightning_module.trainer.global_step
+
+    def teardown(self) -> None:
+        if self.hook_state is not None:
+            self.hook_state.close()  # finish queued buckets and flush telemetry
+        super().teardown()
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        """Register ``strategy="ddp_ring"`` with Lightning (done when this module is imported)."""
+        if STRATEGY_NAME not in strategy_registry:
+            strategy_registry.register(
+                STRATEGY_NAME,
+                cls,
+                description="DDP with the ddp_ring_hooks ring all-reduce hook, on CPU (gloo) and GPU (NCCL)",
+            )
+
+
+RingDDPStrategy.register_strategies(StrategyRegistry)
+
+
+def _ring_strategy(trainer: pl.Trainer) -> RingDDPStrategy:
+    strategy = trainer.strategy
+    if not isinstance(strategy, RingDDPStrategy):
+        raise TypeError(
+            f"this callback reads the ring hook's telemetry, but the Trainer uses {type(strategy).__name__}; "
+            f'pass strategy="{STRATEGY_NAME}" (or RingDDPStrategy(...)) to the Trainer'
+        )
+    return strategy
+
+
+class CommTimingLogger(pl.Callback):
+    """Write the ring hook's communication timing into the Trainer's TensorBoard run.
+
+    The records go through a telemetry ``TensorBoardSink`` that writes into
+    ``trainer.logger.experiment`` (Lightning's own ``SummaryWriter``, on global rank 0), so
+    ``comm/*`` sits next to ``train/loss``, with the optimizer step as x axis. The sink is
+    fed off the training thread. Needs :class:`RingDDPStrategy` and a ``TensorBoardLogger``.
+    """
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        strategy = _ring_strategy(trainer)
+        # Only fitting reduces gradients; Lightning's logger writes on rank 0 only.
+        if stage != "fit" or trainer.global_rank != 0:
+            return
+        logger = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+        if logger is None:
+            raise ValueError(
+                "CommTimingLogger writes into the Trainer's TensorBoard run, but the Trainer has no "
+                "TensorBoardLogger; pass logger=TensorBoardLogger(...) (needs `pip install tensorboard`)"
+            )
+        strategy.add_sink(TensorBoardSink(writer=logger.experiment, step_offset=LIGHTNING_STEP_OFFSET))
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        state = _ring_strategy(trainer).hook_state
+        if state is not None:
+            state.telemetry.flush()
+
+
+@dataclass(frozen=True)
+class StepThroughput:
+    """What one optimizer step processed, over all ranks, and how long it took (wall clock)."""
+
+    step: int
+    micro_batches: int
+    samples: int
+    seconds: float
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds
+
+
+@dataclass(frozen=True)
+class ThroughputSummary:
+    """Several optimizer steps together: total samples over total wall-clock time.
+
+    ``median_step_seconds`` is the typical step: on a shared machine a few steps that another
+    process slowed down move the mean but not the median.
+    """
+
+    steps: int
+    samples: int
+    seconds: float
+    median_step_seconds: float
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds
+
+    @property
+    def median_samples_per_s(self) -> float:
+        """Samples/s of the median step."""
+        return self.samples / self.steps / self.median_step_seconds
+
+    @property
+    def step_ms(self) -> float:
+        return 1e3 * self.seconds / self.steps
+
+
+def count_leading_dimension(batch: Any) -> int:
+    """Samples in a batch: the first dimension of the batch, or of its first element."""
+    first = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return len(first)
+
+
+class ThroughputLogger(pl.Callback):
+    """Log samples/s (and tokens/s) of every optimizer step; keep this fit's steps in :attr:`history`.
+
+    A step's time runs from the end of the previous optimizer step to the end of this one
+    (data loading, all its micro-batches, communication and the optimizer included); on CUDA
+    the device is synchronized first, so queued work counts. Samples are counted on this
+    rank and multiplied by the world size (every rank gets equal micro-batches under
+    Lightning's DistributedSampler).
+
+    Args:
+        tokens_per_sample: also log tokens/s (e.g. the sequence length of a language model).
+        batch_size_fn: how many samples a batch holds (default: its leading dimension), as in
+            Lightning's ``ThroughputMonitor``.
+    """
+
+    def __init__(
+        self,
+        *,
+        tokens_per_sample: int | None = None,
+        batch_size_fn: Callable[[Any], int] = count_leading_dimension,
+    ) -> None:
+        self.tokens_per_sample = tokens_per_sample
+        self.batch_size_fn = batch_size_fn
+        self.history: list[StepThroughput] = []
+        self._window_start = 0.0
+        self._window_samples = 0
+        self._window_micro_batches = 0
+        self._last_step = 0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.history = []  # the steps of this fit
+        self._last_step = trainer.global_step
+        self._start_window()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._window_samples += self.batch_size_fn(batch)
+        self._window_micro_batches += 1
+        if trainer.global_step == self._last_step:  # still accumulating
+            return
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        record = StepThroughput(
+            step=trainer.global_step,
+            micro_batches=self._window_micro_batches,
+            samples=self._window_samples * trainer.world_size,
+            seconds=time.perf_counter() - self._window_start,
+        )
+        self.history.append(record)
+        self._last_step = trainer.global_step
+        self._start_window()
+        metrics = {
+            "throughput/samples_per_s": record.samples_per_s,
+            "throughput/step_ms": 1e3 * record.seconds,
+            "throughput/micro_batches": float(record.micro_batches),
+        }
+        if self.tokens_per_sample:
+            metrics["throughput/tokens_per_s"] = record.samples_per_s * self.tokens_per_sample
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=record.step + LIGHTNING_STEP_OFFSET)
+
+    def summarize(self, *, skip_steps: int = 0) -> ThroughputSummary:
+        """The steps after the first ``skip_steps`` of this fit (warm-up: DDP's first step differs)."""
+        measured = self.history[skip_steps:]
+        if not measured:
+            raise ValueError(
+                f"no optimizer step left to measure after skipping {skip_steps} of {len(self.history)}; "
+                "train more steps or skip fewer"
+            )
+        return ThroughputSummary(
+            steps=len(measured),
+            samples=sum(record.samples for record in measured),
+            seconds=sum(record.seconds for record in measured),
+            median_step_seconds=statistics.median(record.seconds for record in measured),
+        )
+
+    def _start_window(self) -> None:
+        self._window_start = time.perf_counter()
+        self._window_samples = 0
+        self._window_micro_batches = 0

@@ -1,0 +1,13 @@
+"""Per-bucket communication timing: records, clocks, the recorder and its sinks.
+
+A leaf of the package: it uses ``runtime``'s observer interface and never imports ``hooks``.
+"""
+
+from .records import BucketRecord, StepRecord, all_reduce_bus_factor, bandwidths_GBps
+from .recorder import BucketObserver, Telemetry
+from .sinks import MemorySink, NullSink, Sink, SummaryTable, TensorBoardSink, TraceSink
+
+__all__ = [
+    "BucketObserver", "BucketRecord", "MemorySink", "NullSink", "Sink", "StepRecord", "SummaryTable",
+    "Telemetry", "TensorBoardSink", "TraceSink", "all_reduce_bus_factor", "bandwidths_GBps",
+]

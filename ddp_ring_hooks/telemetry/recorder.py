@@ -1,0 +1,497 @@
+"""``Telemetry``: per-bucket observers on the hot path, records and sinks off it.
+
+The path of one step's numbers::
+
+    hook thread          worker / stream           writer thread (daemon)        sinks
+    observe_bucket() --> on_phase / on_finish --> queue (bounded) --> resolve --> TensorBoard
+    (mark: handed)       (marks: phases, end)     full? drop + count   marks->ms   trace, summary
+
+1. When DDP hands a bucket to the hook, :meth:`Telemetry.observe_bucket` takes a mark
+   (``handed``) and returns a :class:`BucketObserver` that the executor calls as it runs:
+   a mark at each phase (the first phase starts the communication), one at the end.
+2. When the step's last bucket finishes, its raw marks go into a bounded queue with one
+   non-blocking ``put``. If the queue is full the step is dropped and counted: the training
+   loop never waits for a disk, and memory stays flat however long the run.
+3. A writer thread turns marks into a :class:`~.records.StepRecord` (on CUDA it first polls
+   ``event.query()`` until the events are complete; it never synchronizes) and hands the
+   record to the sinks whose steps it belongs to.
+
+Only steps that something wants are observed (``log_every``, the trace window, spread
+steps); other steps cost one integer comparison. Rank 0 writes files by default; with
+``per_rank=True`` every rank writes to ``log_dir/rank_{r}``. Every rank keeps its own summary.
+
+Spread across ranks (``spread_every=N``): on every N-th step, right after the last bucket
+and before its Future completes, each rank's communication worker all-gathers a one-element
+CPU tensor (its step ``total_ms``) on the hook's group. Every rank runs it at the same step,
+in the same FIFO order as the buckets, and before backward ends, so no other collective of
+the training loop can interleave with it. CPU (gloo) only: on CUDA it would need the events
+resolved inside the step, so it is skipped there with a warning.
+
+Telemetry never imports ``hooks``: the hook state calls it, not the other way round.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import queue
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+from ..runtime.observer import NULL_OBSERVER, ExecutionObserver
+from .records import BucketRecord, StepRecord, bandwidths_GBps
+from .sinks import Sink, SummaryTable, TensorBoardSink, TraceSink
+from .timer import CudaTimer, HostTimer
+
+_STOP = object()
+_CLOSE_TIMEOUT_S = 30.0
+TRACE_FILE = "comm_trace.json"
+
+
+@dataclasses.dataclass
+class _PendingStep:
+    """The raw marks of one step's buckets, on their way to becoming a StepRecord."""
+
+    step: int
+    rank: int
+    buckets: list[BucketObserver] = dataclasses.field(default_factory=list)
+    dropped: int = 0
+    rank_total_ms: tuple[float, ...] = ()
+
+
+class BucketObserver(ExecutionObserver):
+    """Marks the life of one bucket: handed over, each phase, finished (cheap; no waiting)."""
+
+    def __init__(self, telemetry, pending, timer, *, index, buffer, algorithm, world_size, group, is_last):
+        self.telemetry = telemetry
+        # Only the last bucket finishes the step; holding the step in every bucket would make
+        # reference cycles that only the garbage collector frees (memory would saw-tooth).
+        self.pending = pending if is_last else None
+        self.timer = timer
+        self.index = index
+        self.numel = buffer.numel()
+        self.nbytes = self.numel * buffer.element_size()
+        self.dtype = str(buffer.dtype).removeprefix("torch.")
+        self.algorithm = algorithm
+        self.world_size = world_size
+        self.group = group
+        self.phases: list[tuple[str, object]] = []
+        self.end = None
+        self.handed = timer.mark()
+
+    def on_phase(self, phase: str) -> None:
+        self.phases.append((phase, self.timer.mark()))
+
+    def on_finish(self) -> None:
+        self.end = self.timer.mark()
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self.telemetry._finish_step(pending, self.group)
+
+    @property
+    def start(self):
+        """Communication starts with the first phase (nothing moves for one rank or 0 bytes)."""
+        return self.phases[0][1] if self.phases else self.end
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    log_dir: str | None
+    log_every: int
+    trace_steps: range | None
+    per_rank: bool
+    spread_every: int
+    capacity: int
+    summary_window: int
+
+
+class Telemetry:
+    """Per-bucket communication timing for one hook state, written to sinks off the hot path.
+
+    Args:
+        log_dir: write TensorBoard events (and the trace) here; rank 0 only unless ``per_rank``.
+        log_every: observe every N-th optimizer step (1: every step).
+        trace_steps: steps for a Chrome/Perfetto trace ``log_dir/comm_trace.json``: a
+            ``(start, stop)`` pair of optimizer steps (``stop`` excluded) or a count N, which
+            means the N steps after the first (step 1 runs DDP's provisional bucket layout).
+        per_rank: every rank writes to ``log_dir/rank_{r}`` (to compare ranks in TensorBoard).
+        spread_every: every N-th step, gather each rank's step time and log min/max/spread
+            (0: never; CPU/gloo only).
+        sinks: more sinks (e.g. :class:`~.sinks.MemorySink`), on every rank, fed logged steps.
+        capacity: how many finished steps may wait for the writer before new ones are dropped.
+        summary_window: how many recent samples per bucket the summary's percentiles use.
+
+    With no argument it is a null telemetry: nothing is observed and nothing written.
+
+    Example::
+
+        >>> telemetry = Telemetry(log_dir="runs/ring", log_every=10, trace_steps=(20, 25))
+        >>> state = HookState(telemetry=telemetry)   # or register(model, log_dir=..., ...)
+        >>> ...train...
+        >>> print(state.summary()); state.close()
+    """
+
+    def __init__(
+        self,
+        *,
+        log_dir: str | os.PathLike | None = None,
+        log_every: int = 1,
+        trace_steps: int | tuple[int, int] | None = None,
+        per_rank: bool = False,
+        spread_every: int = 0,
+        sinks: Iterable[Sink] = (),
+        capacity: int = 1024,
+        summary_window: int = 1024,
+    ) -> None:
+        self._options = _Options(
+            log_dir=None if log_dir is None else os.fspath(log_dir),
+            log_every=_positive_int("log_every", log_every),
+            trace_steps=_trace_window(trace_steps, log_dir),
+            per_rank=_per_rank(per_rank, log_dir),
+            spread_every=_non_negative_int("spread_every", spread_every),
+            capacity=_positive_int("capacity", capacity),
+            summary_window=_positive_int("summary_window", summary_window),
+        )
+        self._user_sinks = tuple(sinks)
+        for sink in self._user_sinks:
+            _check_sink(sink)
+        self._reset_runtime()
+
+    # -- configuration ---------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything is observed at all (False for the null telemetry)."""
+        options = self._options
+        asked = options.log_dir or options.spread_every or len(self._routes) > 1  # more than the summary
+        return not self._closed and bool(asked)
+
+    @property
+    def dropped(self) -> int:
+        """Steps dropped because the writer fell behind (the queue was full)."""
+        return self._dropped
+
+    def add_sink(self, sink: Sink, *, steps: Callable[[int], bool] | None = None) -> None:
+        """Send records to ``sink`` too: logged steps, or the steps where ``steps(step)`` is true."""
+        _check_sink(sink)
+        self._routes = (*self._routes, (sink, steps or self._is_log_step))
+
+    def _is_log_step(self, step: int) -> bool:
+        return step % self._options.log_every == 0
+
+    def _is_spread_step(self, step: int) -> bool:
+        every = self._options.spread_every
+        return every > 0 and step % every == 0
+
+    def _is_trace_step(self, step: int) -> bool:
+        window = self._options.trace_steps
+        return window is not None and step in window
+
+    def _wants(self, step: int) -> bool:
+        return self._is_log_step(step) or self._is_spread_step(step) or self._is_trace_step(step)
+
+    # -- hot path (hook thread, communication worker) --------------------------------------
+
+    def observe_bucket(
+        self,
+        buffer: torch.Tensor,
+        *,
+        step: int,
+        is_last: bool,
+        algorithm: str,
+        group: dist.ProcessGroup | None = None,
+    ) -> ExecutionObserver:
+        """An observer for the bucket DDP just handed over (call it on the hook thread).
+
+        Buckets are numbered in hand-over order within a step, which is DDP's bucket index
+        order (DDP launches bucket ``i`` only after bucket ``i - 1``).
+        """
+        if not self.enabled:
+            return NULL_OBSERVER
+        if step != self._open_step:
+            self._open_step, self._next_index = step, 0
+            self._pending = _PendingStep(step, self._start()) if self._wants(step) else None
+        index, self._next_index = self._next_index, self._next_index + 1
+        pending = self._pending
+        if pending is None:
+            return NULL_OBSERVER
+        observer = BucketObserver(
+            self, pending, self._timer_for(buffer), index=index, buffer=buffer, algorithm=algorithm,
+            world_size=dist.get_world_size(group), group=group, is_last=is_last,
+        )
+        pending.buckets.append(observer)
+        return observer
+
+    def _finish_step(self, pending: _PendingStep, group) -> None:
+        """The step's last bucket is reduced: gather the spread if due, queue the marks."""
+        if self._is_spread_step(pending.step):
+            pending.rank_total_ms = self._gather_totals(pending, group)
+        pending.dropped = self._dropped
+        try:
+            self._queue.put_nowait(pending)
+        except queue.Full:
+            self._dropped += 1
+
+    def _gather_totals(self, pending: _PendingStep, group) -> tuple[float, ...]:
+        timer = pending.buckets[0].timer
+        if not isinstance(timer, HostTimer):
+            if not self._warned_spread:
+                self._warned_spread = True
+                warnings.warn("spread_every is CPU (gloo) only; skipped on CUDA", stacklevel=2)
+            return ()
+        total = sum(timer.elapsed_ms(b.start, b.end) for b in pending.buckets if b.end is not None)
+        mine = torch.tensor([total], dtype=torch.float64)
+        every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(every, mine, group=group)
+        return tuple(float(t) for t in every)
+
+    def _timer_for(self, buffer: torch.Tensor):
+        if not buffer.is_cuda:
+            return self._host_timer
+        timer = self._cuda_timers.get(buffer.device)
+        if timer is None:
+            timer = self._cuda_timers[buffer.device] = CudaTimer(buffer.device)
+        return timer
+
+    # -- starting, flushing, closing -------------------------------------------------------
+
+    def _start(self) -> int:
+        """On the first observed step: learn the rank, start the writer thread. Returns the rank."""
+        if self._rank is not None:
+            return self._rank
+        self._rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self._writer = threading.Thread(target=self._write_loop, name="ddp-ring-hooks-telemetry", daemon=True)
+        self._writer.start()
+        atexit.register(_close_at_exit, weakref.ref(self))
+        return self._rank
+
+    def _file_sinks(self, rank: int) -> list[tuple[Sink, Callable[[int], bool]]]:
+        """TensorBoard and trace sinks of this rank (built on the writer thread: file I/O)."""
+        options = self._options
+        if options.log_dir is None or not (options.per_rank or rank == 0):
+            return []
+        directory = os.path.join(options.log_dir, f"rank_{rank}") if options.per_rank else options.log_dir
+        tensorboard = _SpreadOffLogSteps(TensorBoardSink(directory), self._is_log_step)
+        routes: list[tuple[Sink, Callable[[int], bool]]] = [
+            (tensorboard, lambda step: self._is_log_step(step) or self._is_spread_step(step))
+        ]
+        if options.trace_steps is not None:
+            routes.append((TraceSink(os.path.join(directory, TRACE_FILE), steps=options.trace_steps),
+                           self._is_trace_step))
+        return routes
+
+    def flush(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
+        """Wait until every queued step reached the sinks, then flush them."""
+        if self._writer is None or not self._writer.is_alive():
+            return
+        done = threading.Event()
+        try:
+            self._queue.put(done, timeout=timeout)
+        except queue.Full:
+            return
+        done.wait(timeout)
+
+    def close(self) -> None:
+        """Write what is queued, close the sinks and stop. Safe to call twice; also runs at exit."""
+        if self._closed:
+            return
+        self._closed = True
+        writer = self._writer
+        if writer is not None and writer.is_alive():
+            self._queue.put(_STOP, timeout=_CLOSE_TIMEOUT_S)
+            writer.join(_CLOSE_TIMEOUT_S)
+        for sink, _ in self._all_routes():
+            try:
+                sink.close()
+            except Exception as error:  # noqa: BLE001 - one broken sink must not hide the others
+                warnings.warn(f"telemetry sink {type(sink).__name__} failed to close: {error}", stacklevel=2)
+
+    def summary(self) -> str:
+        """The per-bucket summary table of the logged steps so far, as text."""
+        if not self.enabled and self._writer is None:
+            return ("no communication telemetry: pass log_dir=PATH or sinks=[...] to register/HookState "
+                    "to record per-bucket timings")
+        self.flush()
+        return self._summary.render(dropped=self._dropped)
+
+    # -- writer thread -----------------------------------------------------------------------
+
+    def _all_routes(self):
+        return (*self._routes, *self._file_routes)
+
+    def _write_loop(self) -> None:
+        self._file_routes = tuple(self._guard(lambda: self._file_sinks(self._rank), default=[]))
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                self._flush_sinks()
+                return
+            if isinstance(item, threading.Event):
+                self._flush_sinks()
+                item.set()
+                continue
+            record = self._guard(lambda: resolve_step(item, deadline=time.monotonic() + _CLOSE_TIMEOUT_S))
+            if record is None:
+                continue
+            for sink, wants in self._all_routes():
+                if wants(record.step):
+                    self._guard(lambda: sink.write(record))
+
+    def _flush_sinks(self) -> None:
+        for sink, _ in self._all_routes():
+            self._guard(sink.flush)
+
+    def _guard(self, action, default=None):
+        """Run a sink action; warn once about a failure instead of killing the writer."""
+        try:
+            return action()
+        except Exception as error:  # noqa: BLE001 - telemetry must never break training
+            if not self._warned_sink:
+                self._warned_sink = True
+                warnings.warn(f"communication telemetry failed and skips this record: {error!r}", stacklevel=1)
+            return default
+
+    # -- pickling: options survive, threads, sinks and marks do not -----------------------
+
+    def _reset_runtime(self) -> None:
+        self._summary = SummaryTable(window=self._options.summary_window)
+        self._routes: tuple = ((self._summary, self._is_log_step), *((s, self._is_log_step) for s in self._user_sinks))
+        self._file_routes: tuple = ()
+        self._queue: queue.Queue = queue.Queue(maxsize=self._options.capacity)
+        self._dropped = 0
+        self._host_timer = HostTimer()
+        self._cuda_timers: dict[torch.device, CudaTimer] = {}
+        self._open_step = 0
+        self._next_index = 0
+        self._pending: _PendingStep | None = None
+        self._rank: int | None = None
+        self._writer: threading.Thread | None = None
+        self._closed = False
+        self._warned_spread = False
+        self._warned_sink = False
+
+    def __getstate__(self) -> dict:
+        return {"options": self._options}
+
+    def __setstate__(self, state: dict) -> None:
+        self._options = state["options"]
+        self._user_sinks = ()
+        self._reset_runtime()
+
+
+class _SpreadOffLogSteps(Sink):
+    """Passes logged steps whole; of spread steps between them only the ranks' spread."""
+
+    def __init__(self, sink: Sink, is_log_step: Callable[[int], bool]) -> None:
+        self.sink = sink
+        self._is_log_step = is_log_step
+
+    def write(self, record: StepRecord) -> None:
+        if not self._is_log_step(record.step):
+            record = dataclasses.replace(record, buckets=(), num_buckets=0)
+        self.sink.write(record)
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+    def close(self) -> None:
+        self.sink.close()
+
+
+def resolve_step(pending: _PendingStep, *, deadline: float) -> StepRecord | None:
+    """Turn one step's marks into a StepRecord (waits, by polling, for CUDA events)."""
+    finished = [b for b in pending.buckets if b.end is not None]
+    if not finished:
+        return None
+    for bucket in finished:
+        if not bucket.timer.wait_ready(bucket.end, deadline):
+            return None
+    buckets = tuple(_bucket_record(pending, bucket) for bucket in finished)
+    last = finished[-1]
+    return StepRecord(
+        step=pending.step,
+        buckets=buckets,
+        total_ms=sum(b.time_ms for b in buckets),
+        exposed_ms=last.timer.elapsed_ms(last.handed, last.end),
+        num_buckets=len(buckets),
+        rank=pending.rank,
+        dropped=pending.dropped,
+        rank_total_ms=pending.rank_total_ms,
+    )
+
+
+def _bucket_record(pending: _PendingStep, bucket: BucketObserver) -> BucketRecord:
+    timer, start = bucket.timer, bucket.start
+    time_ms = timer.elapsed_ms(start, bucket.end)
+    phases_ms: dict[str, float] = {}
+    offsets_ms: dict[str, float] = {}
+    bounds = [*bucket.phases, (None, bucket.end)]
+    for (phase, begin), (_, end) in zip(bounds, bounds[1:]):
+        phases_ms[phase] = phases_ms.get(phase, 0.0) + timer.elapsed_ms(begin, end)
+        offsets_ms.setdefault(phase, timer.elapsed_ms(start, begin))
+    algbw, busbw = bandwidths_GBps(bucket.nbytes, time_ms, bucket.world_size)
+    return BucketRecord(
+        step=pending.step, index=bucket.index, nbytes=bucket.nbytes, numel=bucket.numel, dtype=bucket.dtype,
+        algorithm=bucket.algorithm, world_size=bucket.world_size,
+        queue_ms=timer.elapsed_ms(bucket.handed, start), time_ms=time_ms, phases_ms=phases_ms,
+        algbw_GBps=algbw, busbw_GBps=busbw, rank=pending.rank, start_ms=timer.clock_ms(start),
+        phase_offsets_ms=offsets_ms,
+    )
+
+
+def _close_at_exit(reference: weakref.ref) -> None:
+    telemetry = reference()
+    if telemetry is not None:
+        telemetry.close()
+
+
+# -- argument checks ---------------------------------------------------------------------------
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _non_negative_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0 (0 turns it off), got {value!r}")
+    return value
+
+
+def _trace_window(trace_steps, log_dir) -> range | None:
+    if trace_steps is None:
+        return None
+    if log_dir is None:
+        raise ValueError("trace_steps needs log_dir=PATH: the trace is written to log_dir/comm_trace.json")
+    if isinstance(trace_steps, int) and not isinstance(trace_steps, bool):
+        return range(2, 2 + _positive_int("trace_steps", trace_steps))
+    if (
+        isinstance(trace_steps, tuple | list) and len(trace_steps) == 2
+        and all(isinstance(s, int) and not isinstance(s, bool) for s in trace_steps)
+        and 1 <= trace_steps[0] < trace_steps[1]
+    ):
+        return range(trace_steps[0], trace_steps[1])
+    raise ValueError(
+        f"trace_steps must be a step count N or a (start, stop) pair of optimizer steps with "
+        f"1 <= start < stop, got {trace_steps!r}"
+    )
+
+
+def _per_rank(per_rank: bool, log_dir) -> bool:
+    if per_rank and log_dir is None:
+        raise ValueError("per_rank=True writes each rank to log_dir/rank_{r}; pass log_dir=PATH too")
+    return bool(per_rank)
+
+
+def _check_sink(sink) -> None:
+    if not callable(getattr(sink, "write", None)):
+        raise TypeError(f"a telemetry sink needs write(record), flush() and close(); got {type(sink).__name__}")

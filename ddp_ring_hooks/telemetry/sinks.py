@@ -1,0 +1,369 @@
+"""Where step records go: TensorBoard, a Chrome/Perfetto trace, memory, a summary table.
+
+A sink gets finished :class:`~.records.StepRecord` s through ``write`` on the recorder's
+writer thread, never on the training path, so a slow disk slows nobody. ``flush`` and
+``close`` are called on that thread too (or after it stopped); sinks need no locks.
+
+TensorBoard tags (stable: dashboards are built on them)::
+
+    comm/bucket_{i}/time_ms  bytes  busbw_GBps  algbw_GBps  queue_ms  {phase}_ms
+    comm/step/total_ms  exposed_ms  num_buckets  bucket_time_ms (histogram)
+    comm/ranks/total_ms_min  total_ms_max  total_ms_spread  slowest_rank   (with spread_every)
+    comm/telemetry/dropped
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+from collections.abc import Iterable
+
+from .records import StepRecord
+
+
+class Sink:
+    """Receives step records. Override ``write``; ``flush`` and ``close`` default to nothing."""
+
+    def write(self, record: StepRecord) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Make everything written so far durable or visible."""
+
+    def close(self) -> None:
+        """Flush and release resources; called once, at the end."""
+        self.flush()
+
+
+class NullSink(Sink):
+    """Discards everything (what telemetry amounts to when nothing was asked for)."""
+
+    def write(self, record: StepRecord) -> None:
+        pass
+
+
+class MemorySink(Sink):
+    """Keeps the latest ``maxlen`` step records in memory, for programs that want the numbers.
+
+    Example::
+
+        >>> memory = MemorySink()
+        >>> state = ddp_ring_hooks.register(model, sinks=[memory])
+        >>> ...train...; state.telemetry.flush()
+        >>> [r.exposed_ms for r in memory.records]
+    """
+
+    def __init__(self, maxlen: int = 10_000) -> None:
+        self._records: collections.deque[StepRecord] = collections.deque(maxlen=maxlen)
+
+    @property
+    def records(self) -> list[StepRecord]:
+        return list(self._records)
+
+    def write(self, record: StepRecord) -> None:
+        self._records.append(record)
+
+
+class TensorBoardSink(Sink):
+    """Writes the fixed ``comm/...`` tags with ``torch.utils.tensorboard.SummaryWriter``.
+
+    Args:
+        log_dir: the run directory for a writer of its own (closed with the sink).
+        writer: an existing ``SummaryWriter`` to write into instead (e.g. Lightning's
+            ``trainer.logger.experiment``); it is flushed but never closed here.
+        step_offset: added to the optimizer step to get TensorBoard's ``global_step``.
+        custom_scalars: write a custom-scalars layout (grouped charts) once, on the first
+            record. A writer takes only one layout; pass False if yours already has one.
+    """
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike | None = None,
+        *,
+        writer=None,
+        step_offset: int = 0,
+        custom_scalars: bool = True,
+    ) -> None:
+        if (log_dir is None) == (writer is None):
+            raise ValueError("TensorBoardSink needs exactly one of log_dir=PATH or writer=SummaryWriter")
+        if writer is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as error:  # tensorboard is an optional extra
+                raise ImportError(
+                    "TensorBoardSink needs tensorboard; pip install 'ddp_ring_hooks[tensorboard]'"
+                ) from error
+            writer = SummaryWriter(log_dir=os.fspath(log_dir))
+            self._owns_writer = True
+        else:
+            self._owns_writer = False
+        self.writer = writer
+        self.step_offset = step_offset
+        self._layout_pending = custom_scalars
+
+    def write(self, record: StepRecord) -> None:
+        if self._layout_pending:
+            self.writer.add_custom_scalars(custom_scalars_layout())
+            self._layout_pending = False
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        # All scalars of a step go into one event: what ``add_scalar`` writes per value
+        # (a ``simple_value``), at a fifth of the cost of one event per value.
+        values: list[Summary.Value] = []
+
+        def add(tag: str, value: float) -> None:
+            values.append(Summary.Value(tag=tag, simple_value=float(value)))
+
+        step = record.step + self.step_offset
+        for bucket in record.buckets:
+            prefix = f"comm/bucket_{bucket.index}"
+            add(f"{prefix}/time_ms", bucket.time_ms)
+            add(f"{prefix}/bytes", bucket.nbytes)
+            add(f"{prefix}/busbw_GBps", bucket.busbw_GBps)
+            add(f"{prefix}/algbw_GBps", bucket.algbw_GBps)
+            add(f"{prefix}/queue_ms", bucket.queue_ms)
+            for phase, ms in bucket.phases_ms.items():
+                add(f"{prefix}/{phase}_ms", ms)
+        if record.buckets:
+            add("comm/step/total_ms", record.total_ms)
+            add("comm/step/exposed_ms", record.exposed_ms)
+            add("comm/step/num_buckets", record.num_buckets)
+            times = [bucket.time_ms for bucket in record.buckets]
+            values.append(Summary.Value(tag="comm/step/bucket_time_ms", histo=_histogram(times)))
+        if record.rank_total_ms:
+            totals = record.rank_total_ms
+            add("comm/ranks/total_ms_min", min(totals))
+            add("comm/ranks/total_ms_max", max(totals))
+            add("comm/ranks/total_ms_spread", max(totals) - min(totals))
+            add("comm/ranks/slowest_rank", max(range(len(totals)), key=totals.__getitem__))
+        add("comm/telemetry/dropped", record.dropped)
+        # SummaryWriter's own add_scalar goes through this same (underscored) accessor, which
+        # torch's and tensorboardX's writers both have.
+        self.writer._get_file_writer().add_summary(Summary(value=values), step)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self._owns_writer:
+            self.writer.close()
+        else:
+            self.writer.flush()
+
+
+def custom_scalars_layout() -> dict:
+    """TensorBoard's custom-scalars layout: one chart per metric, all buckets on it.
+
+    Multiline charts take regular expressions, so buckets that appear after DDP rebuilt its
+    buckets (after step 1) join the charts without a second layout.
+    """
+    per_bucket = {
+        f"bucket {name}": ["Multiline", [rf"comm/bucket_\d+/{tag}"]]
+        for name, tag in (
+            ("time (ms)", "time_ms"),
+            ("busbw (GB/s)", "busbw_GBps"),
+            ("bytes", "bytes"),
+            ("queue (ms)", "queue_ms"),
+        )
+    }
+    per_step = {
+        "step: total vs exposed (ms)": ["Multiline", ["comm/step/total_ms", "comm/step/exposed_ms"]],
+        "ranks: total min / max (ms)": ["Multiline", [r"comm/ranks/total_ms_(min|max)"]],
+    }
+    return {"comm buckets": per_bucket, "comm steps": per_step}
+
+
+def _histogram(values: list[float], bins: int = 10):
+    """A TensorBoard histogram of ``values`` in ``bins`` equal bins (a few values: pure Python
+    is far cheaper than ``add_histogram``'s thousands of default bins)."""
+    from tensorboard.compat.proto.summary_pb2 import HistogramProto
+
+    low, high = min(values), max(values)
+    width = (high - low) / bins or 1.0
+    counts = [0] * bins
+    for value in values:
+        counts[min(bins - 1, int((value - low) / width))] += 1
+    return HistogramProto(
+        min=low, max=high, num=len(values), sum=sum(values), sum_squares=sum(v * v for v in values),
+        bucket_limit=[low + width * (i + 1) for i in range(bins)], bucket=counts,
+    )
+
+
+class TraceSink(Sink):
+    """A Chrome/Perfetto trace (``chrome://tracing``, ui.perfetto.dev) of a window of steps.
+
+    One process per rank, one thread (track) per bucket, and on each track a ``queue`` slice
+    followed by the bucket's slice with one slice per phase nested inside it; an ``exposed``
+    track shows the part of each step backward could not hide::
+
+        rank 0
+          bucket 0   [queue][ bucket 0 step 5              ]
+                            [ reduce-scatter ][ all-gather ]
+          bucket 1          [queue       ][ bucket 1 step 5 ...
+          exposed                          [ exposed step 5 ]
+
+    ``steps`` limits the window (a ``range`` of optimizer steps, ``None`` for all) and
+    ``max_steps`` bounds memory whatever the window. The file is (re)written on flush/close.
+    Trace files of several ranks can be merged by concatenating their ``traceEvents``.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, steps: range | None = None, max_steps: int = 1000) -> None:
+        self.path = os.fspath(path)
+        self.steps = steps
+        self._records: collections.deque[StepRecord] = collections.deque(maxlen=max_steps)
+        self._dirty = False
+
+    def write(self, record: StepRecord) -> None:
+        if self.steps is None or record.step in self.steps:
+            self._records.append(record)
+            self._dirty = True
+
+    def flush(self) -> None:
+        if not self._dirty:
+            return
+        directory = os.path.dirname(self.path)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        temporary = f"{self.path}.tmp"
+        with open(temporary, "w") as file:
+            json.dump({"traceEvents": trace_events(self._records), "displayTimeUnit": "ms"}, file)
+        os.replace(temporary, self.path)  # readers never see half a file
+        self._dirty = False
+
+
+def trace_events(records: Iterable[StepRecord]) -> list[dict]:
+    """Chrome trace events (complete ``"X"`` slices, µs) for ``records``."""
+    events: list[dict] = []
+    named: set[tuple[int, int]] = set()
+    exposed_tid = 1_000_000  # after every bucket track
+
+    def name_track(pid: int, tid: int, name: str) -> None:
+        if (pid, -1) not in named:
+            named.add((pid, -1))
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"rank {pid}"}})
+        if (pid, tid) not in named:
+            named.add((pid, tid))
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+
+    def slice_(name: str, pid: int, tid: int, start_ms: float, dur_ms: float, args: dict | None = None) -> None:
+        event = {"ph": "X", "name": name, "pid": pid, "tid": tid, "ts": start_ms * 1e3, "dur": max(dur_ms, 0.0) * 1e3}
+        if args:
+            event["args"] = args
+        events.append(event)
+
+    for record in records:
+        pid = record.rank
+        for bucket in record.buckets:
+            tid = bucket.index
+            name_track(pid, tid, f"bucket {tid}")
+            if bucket.queue_ms > 0.0:
+                slice_("queue", pid, tid, bucket.start_ms - bucket.queue_ms, bucket.queue_ms, {"step": record.step})
+            slice_(
+                f"bucket {bucket.index} step {record.step}", pid, tid, bucket.start_ms, bucket.time_ms,
+                {
+                    "step": record.step, "bytes": bucket.nbytes, "numel": bucket.numel, "dtype": bucket.dtype,
+                    "algorithm": bucket.algorithm, "world_size": bucket.world_size,
+                    "busbw_GBps": _finite(bucket.busbw_GBps), "algbw_GBps": _finite(bucket.algbw_GBps),
+                },
+            )
+            for phase, offset in bucket.phase_offsets_ms.items():
+                slice_(phase, pid, tid, bucket.start_ms + offset, bucket.phases_ms[phase], {"step": record.step})
+        if record.buckets:
+            last = record.buckets[-1]
+            name_track(pid, exposed_tid, "exposed")
+            end_ms = last.start_ms + last.time_ms
+            slice_(f"exposed step {record.step}", pid, exposed_tid, end_ms - record.exposed_ms, record.exposed_ms,
+                   {"total_ms": record.total_ms, "num_buckets": record.num_buckets})
+    return events
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else 0.0
+
+
+class SummaryTable(Sink):
+    """Per-bucket percentiles for a text table at the end, like nccl-tests and DeepSpeed print.
+
+    One row per (bucket, size, dtype): DDP rebuilds its buckets after the first step, so the
+    first step's layout gets rows of its own instead of blurring the others. Each row keeps
+    at most ``window`` recent samples for its percentiles (memory stays flat); counts are exact.
+    """
+
+    def __init__(self, window: int = 4096) -> None:
+        self.window = window
+        self._rows: dict[tuple[int, int, str], _Row] = {}
+        self._steps = _Row(window)
+        self._exposed = _Row(window)
+        self._last: StepRecord | None = None
+
+    def write(self, record: StepRecord) -> None:
+        for bucket in record.buckets:
+            key = (bucket.index, bucket.nbytes, bucket.dtype)
+            row = self._rows.get(key)
+            if row is None:
+                row = self._rows[key] = _Row(self.window)
+            row.add(bucket.time_ms, bucket.busbw_GBps, bucket.queue_ms)
+        if record.buckets:
+            self._steps.add(record.total_ms, 0.0, 0.0)
+            self._exposed.add(record.exposed_ms, 0.0, 0.0)
+            self._last = record
+
+    def render(self, *, dropped: int = 0) -> str:
+        """The table as text (a header line, one row per bucket, a per-step footer)."""
+        if self._last is None:
+            return "no communication recorded yet (no logged step has finished)"
+        first = self._last.buckets[0]
+        lines = [
+            f"communication per bucket, rank {self._last.rank}: {first.algorithm} over "
+            f"{first.world_size} ranks, {self._steps.count} steps logged, {dropped} dropped",
+            f"{'bucket':>6} {'bytes':>14} {'dtype':>9} {'count':>6} {'p50 ms':>9} {'p90 ms':>9} "
+            f"{'max ms':>9} {'queue p50':>9} {'busbw p50 GB/s':>14}",
+        ]
+        for (index, nbytes, dtype), row in sorted(self._rows.items()):
+            lines.append(
+                f"{index:>6} {nbytes:>14,} {dtype:>9} {row.count:>6} {row.time(0.5):>9.3f} "
+                f"{row.time(0.9):>9.3f} {row.max_time:>9.3f} {row.queue(0.5):>9.3f} {row.busbw(0.5):>14.3f}"
+            )
+        lines.append(
+            f"  step: total p50 {self._steps.time(0.5):.3f} ms, p90 {self._steps.time(0.9):.3f} ms; "
+            f"exposed p50 {self._exposed.time(0.5):.3f} ms, p90 {self._exposed.time(0.9):.3f} ms"
+        )
+        return "\n".join(lines)
+
+
+class _Row:
+    """Samples of one table row: exact count and max, recent values for percentiles."""
+
+    def __init__(self, window: int) -> None:
+        self.count = 0
+        self.max_time = 0.0
+        self._times: collections.deque[float] = collections.deque(maxlen=window)
+        self._busbw: collections.deque[float] = collections.deque(maxlen=window)
+        self._queue: collections.deque[float] = collections.deque(maxlen=window)
+
+    def add(self, time_ms: float, busbw: float, queue_ms: float) -> None:
+        self.count += 1
+        self.max_time = max(self.max_time, time_ms)
+        self._times.append(time_ms)
+        self._busbw.append(busbw)
+        self._queue.append(queue_ms)
+
+    def time(self, q: float) -> float:
+        return percentile(self._times, q)
+
+    def busbw(self, q: float) -> float:
+        return percentile(self._busbw, q)
+
+    def queue(self, q: float) -> float:
+        return percentile(self._queue, q)
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in [0, 1]) of ``values``; 0 when there are none."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]

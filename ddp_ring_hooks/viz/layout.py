@@ -1,0 +1,162 @@
+"""Where to draw each rank: the algorithm's own picture of the network.
+
+::
+
+    ring            tree              star (naive)       nodes (hierarchical)
+      0               0                   1              ┌─────┐   ┌─────┐
+    3   1           1   2              4  0  2           │ 0 1 │───│ 4 5 │
+      2            3 4 5 6                3              │ 2 3 │   │ 6 7 │
+                                                         └─────┘   └─────┘
+
+The tree and the star are read off the schedule itself (a rank's first reduce goes to its
+parent; the star's centre is the rank in most transfers), so they show the tree the schedule
+really uses. Any algorithm without a layout of its own is drawn on a ring. Coordinates are in
+units of the ring radius; the drawing scales them to fit.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..schedules import BUILDERS, Op, Schedule
+
+Point = tuple[float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Rank positions, the links to draw between them, and groups of ranks (nodes) to box."""
+
+    kind: str
+    positions: tuple[Point, ...]
+    links: tuple[tuple[int, int], ...] = ()
+    groups: tuple[tuple[int, ...], ...] = ()
+
+
+def choose_layout(schedule: Schedule, options: Mapping[str, object] | None = None) -> Layout:
+    """The layout for ``schedule.algorithm``: ring, tree, star (naive) or nodes (hierarchical)."""
+    options = dict(options or {})
+    kind = {"tree": "tree", "naive": "star", "hierarchical": "nodes"}.get(schedule.algorithm, "ring")
+    if kind == "tree":
+        return layout_tree(schedule)
+    if kind == "star":
+        return layout_star(schedule)
+    if kind == "nodes":
+        local_size = options.get("local_size") or _builder_default(schedule.algorithm, "local_size")
+        if isinstance(local_size, int) and 0 < local_size < schedule.world_size:
+            return layout_nodes(schedule.world_size, local_size)
+    return layout_ring(schedule.world_size)
+
+
+def layout_ring(world_size: int) -> Layout:
+    """Ranks clockwise on a circle, rank 0 at the top; each rank linked to the next."""
+    positions = tuple(_on_circle(rank, world_size, radius=1.0) for rank in range(world_size))
+    links = tuple((r, (r + 1) % world_size) for r in range(world_size)) if world_size > 1 else ()
+    return Layout("ring", positions, links)
+
+
+def layout_star(schedule: Schedule) -> Layout:
+    """The busiest rank (the naive algorithm's root) in the middle, the others around it."""
+    p = schedule.world_size
+    busy = [0] * p
+    for step in schedule.steps:
+        for t in step.transfers:
+            busy[t.src] += 1
+            busy[t.dst] += 1
+    centre = max(range(p), key=lambda r: (busy[r], -r), default=0)
+    others = [r for r in range(p) if r != centre]
+    positions: list[Point] = [(0.0, 0.0)] * p
+    for slot, rank in enumerate(others):
+        positions[rank] = _on_circle(slot, len(others), radius=1.0)
+    return Layout("star", tuple(positions), tuple((centre, r) for r in others))
+
+
+def layout_tree(schedule: Schedule) -> Layout:
+    """The reduction tree of ``schedule``, root on top; a heap-shaped tree if none is found."""
+    p = schedule.world_size
+    parents = _parents_from_schedule(schedule) or {r: (r - 1) // 2 for r in range(1, p)}
+    children: dict[int, list[int]] = {r: [] for r in range(p)}
+    for child, parent in sorted(parents.items()):
+        children[parent].append(child)
+    root = next(r for r in range(p) if r not in parents)
+    x: dict[int, float] = {}
+    depth: dict[int, int] = {root: 0}
+    leaves = [0]
+
+    def place(rank: int) -> None:
+        for child in children[rank]:
+            depth[child] = depth[rank] + 1
+            place(child)
+        if children[rank]:
+            x[rank] = sum(x[c] for c in children[rank]) / len(children[rank])
+        else:
+            x[rank] = leaves[0]
+            leaves[0] += 1
+
+    place(root)
+    width = max(leaves[0] - 1, 1)
+    height = max(max(depth.values()), 1)
+    positions = tuple((2 * x[r] / width - 1 if p > 1 else 0.0, 1 - 2 * depth[r] / height) for r in range(p))
+    return Layout("tree", positions, tuple(sorted((parent, child) for child, parent in parents.items())))
+
+
+def layout_nodes(world_size: int, local_size: int) -> Layout:
+    """Nodes of ``local_size`` consecutive ranks, each a small ring, the nodes on a grid.
+
+    Links: each node's ring, and a ring through the first rank of every node.
+    """
+    groups = tuple(tuple(range(start, min(start + local_size, world_size))) for start in range(0, world_size, local_size))
+    columns = math.ceil(math.sqrt(len(groups)))
+    spacing = 4.0  # node centres apart, in units of a node's own ring radius: room for the boxes
+    positions: list[Point] = []
+    links: list[tuple[int, int]] = []
+    for index, group in enumerate(groups):
+        row, column = divmod(index, columns)
+        cx, cy = column * spacing, -row * spacing
+        for slot in range(len(group)):
+            # Two ranks side by side rather than stacked: rank boxes are wider than tall.
+            start = math.pi if len(group) == 2 else math.pi / 2
+            dx, dy = _on_circle(slot, len(group), radius=1.0 if len(group) > 1 else 0.0, start=start)
+            positions.append((cx + dx, cy + dy))
+        if len(group) > 1:
+            links += [(group[i], group[(i + 1) % len(group)]) for i in range(len(group))]
+    leaders = [group[0] for group in groups]
+    if len(leaders) > 1:
+        links += [(leaders[i], leaders[(i + 1) % len(leaders)]) for i in range(len(leaders))]
+    return Layout("nodes", tuple(positions), tuple(links), groups)
+
+
+def _on_circle(index: int, count: int, *, radius: float, start: float = math.pi / 2) -> Point:
+    """Clockwise from the angle ``start`` (the top by default)."""
+    angle = start - 2 * math.pi * index / max(count, 1)
+    return (radius * math.cos(angle), radius * math.sin(angle))
+
+
+def _parents_from_schedule(schedule: Schedule) -> dict[int, int] | None:
+    """Each rank's first reduce target, if those links form one tree over all ranks."""
+    parents: dict[int, int] = {}
+    for step in schedule.steps:
+        for t in step.transfers:
+            if t.op is Op.REDUCE and t.src not in parents:
+                parents[t.src] = t.dst
+    if len(parents) != schedule.world_size - 1:
+        return None
+    for rank in parents:
+        seen = {rank}
+        while rank in parents:
+            rank = parents[rank]
+            if rank in seen:
+                return None  # a cycle: these reduces do not form a tree
+            seen.add(rank)
+    return parents
+
+
+def _builder_default(algorithm: str, option: str) -> object:
+    builder = BUILDERS.get(algorithm)
+    if builder is None:
+        return None
+    parameter = inspect.signature(builder).parameters.get(option)
+    return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default

@@ -1,0 +1,138 @@
+"""``algorithm="auto"``: the choice is the model's argmin, and every rank makes the same one.
+
+Pure tests drive :class:`AutoSelector` with known calibrations; one spawn of 3 real gloo
+ranks runs the registration probe, checks that every rank got the same calibration and
+choices, logs one line per bucket size, and trains DDP to the same parameters as plain DDP
+(``rtol=1e-5, atol=1e-6``, float32, as in ``test_ddp_hook``).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ddp_ring_hooks
+from ddp_ring_hooks.cost_model import Calibration
+from ddp_ring_hooks.hooks.auto import AutoSelector, default_candidates
+from tests._dist import run_ranks
+from tests.test_ddp_hook import Net
+
+LINKS = Calibration(alpha=50e-6, beta=1e-9)
+SIZES = [0, 4, 1000, 4096, 65_536, 1 << 20, 25 << 20, 1 << 30]
+CANDIDATES = ("ring", "tree")
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 6, 8, 64])
+def test_choice_is_the_least_predicted_time(world_size):
+    selector = AutoSelector(LINKS, world_size)
+    for nbytes in SIZES:
+        algorithm, options = selector.choose(nbytes)
+        predicted = selector.predictions(nbytes)
+        assert predicted[algorithm] == pytest.approx(min(predicted.values()), rel=1e-9)
+        assert options == selector.options.get(algorithm, {})
+
+
+def test_small_buckets_avoid_the_ring_and_large_ones_on_odd_worlds_use_it():
+    selector = AutoSelector(LINKS, 6)  # not a power of two: halving-doubling pays its fold
+    assert selector.choose(256)[0] != "ring"
+    assert selector.choose(1 << 30)[0] == "ring"
+
+
+def test_ties_go_to_the_first_algorithm_listed():
+    # On 2 ranks ring and halving-doubling have the same formula.
+    assert AutoSelector(LINKS, 2).choose(1 << 20)[0] == "ring"
+
+
+def test_per_algorithm_calibration_is_used():
+    calibrations = {a: LINKS for a in default_candidates(4)}
+    calibrations["naive"] = Calibration(alpha=1e-6, beta=1e-12)  # a machine where naive is cheap
+    assert AutoSelector(calibrations, 4).choose(1 << 20)[0] == "naive"
+    del calibrations["tree"]
+    with pytest.raises(ValueError, match="no calibration for tree"):
+        AutoSelector(calibrations, 4)
+
+
+def test_hierarchical_is_a_candidate_only_across_several_multi_rank_nodes(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert "hierarchical" not in default_candidates(8)
+    assert "hierarchical" not in default_candidates(8, local_size=8)
+    assert "hierarchical" in default_candidates(8, local_size=4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    selector = AutoSelector(LINKS, 8)
+    assert selector.options["hierarchical"] == {"local_size": 2}
+
+
+def test_bad_candidates_are_named():
+    with pytest.raises(ValueError, match="auto candidates must be some of"):
+        AutoSelector(LINKS, 4, candidates=("ring", "butterfly"))
+
+
+def test_choices_are_logged_once_per_bucket_size(caplog):
+    selector = AutoSelector(LINKS, 4)
+    with caplog.at_level(logging.INFO, logger="ddp_ring_hooks.auto"):
+        for nbytes in (4096, 4096, 1 << 20, 4096):
+            selector.choose(nbytes)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "4096-byte bucket on 4 ranks" in lines[0]
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def probe_choose_and_train(rank: int, world_size: int) -> dict:
+    logger = logging.getLogger("ddp_ring_hooks.auto")
+    logger.setLevel(logging.INFO)
+    handler = _Collect()
+    logger.addHandler(handler)
+    report = {}
+
+    def train(hook: bool):
+        torch.manual_seed(0)
+        model = DDP(Net(), bucket_cap_mb=0.02)
+        # Two candidates keep the registration probe short on a busy test machine.
+        state = ddp_ring_hooks.register(model, algorithm="auto", candidates=CANDIDATES) if hook else None
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        generator = torch.Generator().manual_seed(rank)
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(8, 32, generator=generator)).square().mean().backward()
+            optimizer.step()
+        return state, [p.detach().clone() for p in model.parameters()]
+
+    state, report["auto"] = train(hook=True)
+    _, report["plain"] = train(hook=False)
+    report["state_calibration"] = state._auto.calibration
+    report["choices"] = [state._auto.choose(n) for n in SIZES]
+    report["unpickled_choices"] = [pickle.loads(pickle.dumps(state))._auto.choose(n) for n in SIZES]
+    report["log"] = handler.lines
+    state.close()
+    return report
+
+
+def test_probe_agrees_on_every_rank_and_auto_trains_like_plain_ddp():
+    reports = run_ranks(probe_choose_and_train, 3, timeout=240)
+    first = reports[0]
+    assert set(first["state_calibration"]) == set(CANDIDATES)
+    assert all(c.alpha >= 0 and c.beta >= 0 for c in first["state_calibration"].values())
+    assert first["state_calibration"]["ring"].alpha > 0  # a real probe measured something
+    for other in reports[1:]:
+        assert other["state_calibration"] == first["state_calibration"]
+        assert other["choices"] == first["choices"]
+        assert all(torch.equal(a, b) for a, b in zip(other["auto"], first["auto"]))
+    assert first["unpickled_choices"] == first["choices"]
+    for ours, plain in zip(first["auto"], first["plain"]):
+        torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-6)
+    decided = [line for line in first["log"] if "-byte bucket on 3 ranks ->" in line]
+    sizes = [line.split("-byte")[0].split()[-1] for line in decided]
+    assert decided and len(sizes) == len(set(sizes))  # one line per distinct bucket size

@@ -1,0 +1,171 @@
+"""The ``bench`` command and the executor's pipelined lanes, on real gloo ranks.
+
+- ``ddp-ring-hooks bench`` at 2 ranks, 2 sizes, through a subprocess like a user runs it:
+  the JSON has the documented keys, no wrong values, busbw = algbw · 2(p-1)/p and
+  algbw = nbytes / time; the plot is a PNG.
+- The executor cuts big CPU chunks into lanes that are pipelined. Forcing tiny segments
+  (up to 20 lanes on small tensors), every algorithm must give results *bit-identical*
+  to the one-lane run and across ranks, and the observer must see the same phases and steps
+  in the same order. Tolerance against ``dist.all_reduce``: the exact float64 sum within
+  ``(p - 1) · eps · Σ|x_r|`` (rounding bound for ``p`` addends, 2x margin).
+- Size parsing, the sweep and bad input (no processes).
+
+Run: ``python -m pytest -q tests/test_bench.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddp_ring_hooks import ALGORITHMS
+from ddp_ring_hooks.bench import (
+    BenchRecord, bus_factor, busbw_ratios, format_size, format_table, parse_size, size_sweep,
+)
+from ddp_ring_hooks.cli.__main__ import main as cli_main
+from ddp_ring_hooks.runtime import ExecutionObserver, run_schedule
+from ddp_ring_hooks.schedules import checked_schedule
+from tests._dist import run_ranks
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_bench_command_writes_checked_records_and_a_plot(tmp_path):
+    json_path, plot_path = tmp_path / "bench.json", tmp_path / "bench.png"
+    command = [
+        sys.executable, "-m", "ddp_ring_hooks", "bench", "--nproc", "2", "-b", "4K", "-e", "64K", "-f", "16",
+        "-w", "1", "-n", "2", "--algorithms", "ring,native", "--json", str(json_path), "--plot", str(plot_path),
+        "--no-progress", "--timeout", "120",
+    ]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=170)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "busbw(GB/s)" in done.stdout and "Out of bounds values: 0 OK" in done.stdout
+
+    records = json.loads(json_path.read_text())
+    assert {(r["algorithm"], r["nbytes"]) for r in records} == {
+        (name, size) for name in ("ring", "native") for size in (4096, 65536)
+    }
+    for r in records:
+        assert {"algorithm", "world_size", "nbytes", "time_us", "algbw_GBps", "busbw_GBps", "wrong"} <= r.keys()
+        assert r["world_size"] == 2 and r["wrong"] == 0 and r["time_us"] > 0
+        assert r["algbw_GBps"] == pytest.approx(r["nbytes"] / (r["time_us"] * 1e-6) / 1e9, rel=1e-9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * (2 - 1) / 2, rel=1e-12)
+    assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_rejects_bad_arguments_before_starting_ranks(capsys):
+    assert cli_main(["bench", "-b", "64M", "-e", "4K"]) == 2
+    assert "swap -b and -e" in capsys.readouterr().err
+    assert cli_main(["bench", "--algorithms", "ring,rign"]) == 2
+    assert "'rign'" in capsys.readouterr().err
+    assert cli_main(["bench", "-b", "4 kilobytes"]) == 2
+    assert "4K" in capsys.readouterr().err
+
+
+# -- pipelined lanes in the executor --------------------------------------------------------
+
+
+class EventLog(ExecutionObserver):
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def on_phase(self, phase):
+        self.events.append(("phase", phase))
+
+    def on_step(self, index, step, chunk_bytes):
+        self.events.append(("step", index, tuple(chunk_bytes)))
+
+    def on_finish(self):
+        self.events.append(("finish",))
+
+
+def lanes_against_one_lane(rank: int, world_size: int) -> dict:
+    """Every algorithm, on the world and on a 2-rank subgroup, with tiny segments and one lane."""
+    pair = dist.new_group([0, 1])
+    report = {}
+    for group, size in ((None, world_size), (pair, 2)):
+        if group is pair and rank > 1:
+            continue
+        for algorithm in ALGORITHMS:
+            options = {"local_size": size} if algorithm == "hierarchical" else {}
+            schedule = checked_schedule(algorithm, size, **options)
+            for dtype in (torch.float32, torch.bfloat16):
+                for numel in (0, 1, size + 1, 1009):
+                    x = torch.randn(numel, generator=torch.Generator().manual_seed(rank * 7919 + numel)).to(dtype)
+                    one_lane, many_lanes = x.clone(), x.clone()
+                    one_log, many_log = EventLog(), EventLog()
+                    run_schedule(schedule, one_lane, group=group, observer=one_log)  # default: one lane here
+                    # 200 bytes per segment: 2 to 20 lanes (uneven, some empty), 2 in flight.
+                    run_schedule(schedule, many_lanes, group=group, observer=many_log, segment_bytes=200)
+                    exact = x.double()
+                    magnitude = x.double().abs()
+                    dist.all_reduce(exact, group=group)
+                    dist.all_reduce(magnitude, group=group)
+                    bound = (size - 1) * torch.finfo(dtype).eps * magnitude
+                    report[(size, algorithm, str(dtype), numel)] = (
+                        torch.equal(one_lane, many_lanes),
+                        one_log.events == many_log.events,
+                        bool(((many_lanes.double() - exact).abs() <= bound).all()),
+                        many_lanes.view(torch.int16 if dtype == torch.bfloat16 else torch.int32).tolist(),
+                    )
+    try:
+        run_schedule(checked_schedule("ring", world_size), torch.ones(8), segment_bytes=0)
+    except ValueError as error:
+        report["bad segment size"] = str(error)
+    return report
+
+
+@pytest.mark.timeout(240)
+def test_lanes_are_bit_identical_to_one_lane_and_across_ranks():
+    reports = run_ranks(lanes_against_one_lane, 3, timeout=220)
+    assert "segment_bytes must be positive" in reports[0].pop("bad segment size")
+    assert len(reports[0]) == 2 * len(ALGORITHMS) * 2 * 4
+    for case, (same_as_one_lane, same_events, within_bound, _) in reports[0].items():
+        assert same_as_one_lane, f"lanes changed the result: {case}"
+        assert same_events, f"lanes changed what the observer saw: {case}"
+        assert within_bound, f"result off the exact sum: {case}"
+    for case, (*_, bits) in reports[0].items():
+        members = (0, 1) if case[0] == 2 else (0, 1, 2)
+        assert all(reports[r][case][3] == bits for r in members), f"ranks differ: {case}"
+
+
+# -- sizes and the table -----------------------------------------------------------------
+
+
+def test_sizes_read_and_sweep_like_nccl_tests():
+    assert parse_size("4K") == 4 * 1024 and parse_size("64M") == 64 * 1024**2 and parse_size("1GiB") == 1024**3
+    assert parse_size("4096") == 4096 and parse_size("8kb") == 8192
+    sweep = size_sweep(begin=parse_size("4K"), end=parse_size("64M"), factor=2)
+    assert sweep[0] == 4096 and sweep[-1] == 64 * 1024**2
+    assert all(b == 2 * a for a, b in zip(sweep, sweep[1:]))
+    assert size_sweep(begin=1000, end=5000, factor=3) == [1000, 3000]  # 9000 is past the end
+    assert [format_size(n) for n in (4096, 3 * 1024**2, 1000)] == ["4K", "3M", "1000"]
+    with pytest.raises(ValueError, match="factor"):
+        size_sweep(begin=4, end=8, factor=1)
+    with pytest.raises(ValueError, match="4096, 4K"):
+        parse_size("4Q")
+
+
+def test_table_and_ratios_follow_the_definitions():
+    def record(algorithm, nbytes, time_us, p=4):
+        algbw = nbytes / (time_us * 1e-6) / 1e9
+        return BenchRecord(algorithm, p, nbytes, nbytes // 4, "float32", time_us, algbw, algbw * bus_factor(p), 0)
+
+    records = [record("ring", 1 << 20, 800.0), record("native", 1 << 20, 1000.0)]
+    assert bus_factor(4) == 1.5 and bus_factor(1) == 0
+    ratios = busbw_ratios(records)
+    assert ratios == {("ring", 1 << 20): pytest.approx(1000.0 / 800.0)}
+    table = format_table(records)
+    assert "busbw / native busbw" in table and f"{1000.0 / 800.0:.2f}" in table
+    assert math.isclose(records[0].busbw_GBps / records[0].algbw_GBps, 2 * 3 / 4)

@@ -1,0 +1,182 @@
+"""The α-β-γ formulas agree with the schedules they describe; the fit recovers α and β.
+
+Each closed form in ``cost_model.formulas`` is checked against the schedule the runtime
+executes: its number of steps, the bytes each rank sends, and a step-by-step simulation
+(each step costs its slowest link). Pure tests, no processes.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from ddp_ring_hooks.cli.__main__ import main
+from ddp_ring_hooks.cli.model import format_seconds, parse_bandwidth, parse_size, parse_time
+from ddp_ring_hooks.cost_model import (
+    Calibration, bytes_sent_per_rank, count_steps, fit, fit_per_algorithm, fit_records, predict, simulate,
+)
+from ddp_ring_hooks.schedules import ALGORITHMS, build_schedule
+
+N = 3.0e6  # bytes per rank
+
+
+def shapes(world_size: int):
+    """``(algorithm, options)`` for every algorithm, several tree depths and node shapes."""
+    for algorithm in ALGORITHMS:
+        if algorithm == "tree":
+            yield from (("tree", {"segments": k}) for k in (1, 2, 7))
+        elif algorithm == "hierarchical":
+            yield from (("hierarchical", {"local_size": g}) for g in range(1, world_size + 1) if world_size % g == 0)
+        else:
+            yield algorithm, {}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 31, 32, 48, 64])
+def test_closed_forms_equal_the_step_by_step_cost_of_the_schedules(world_size):
+    rng = random.Random(world_size)
+    for algorithm, options in shapes(world_size):
+        params = {"alpha": rng.uniform(1e-6, 1e-4), "beta": rng.uniform(1e-11, 1e-9), "gamma": rng.uniform(0, 1e-10)}
+        local = {}
+        if algorithm == "hierarchical":
+            local = {"local_alpha": rng.uniform(1e-7, 1e-6), "local_beta": rng.uniform(1e-12, 1e-11)}
+        schedule = build_schedule(algorithm, world_size, **options)
+        simulated = simulate(schedule, N, **params, **local, local_size=options.get("local_size"))
+        assert predict(algorithm, N, world_size, **params, **local, **options) == pytest.approx(simulated, rel=1e-12), (
+            algorithm, options,
+        )
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5, 6, 8, 16, 20])
+def test_steps_and_bytes_per_rank_match_the_textbook_counts(world_size):
+    p, lg = world_size, math.ceil(math.log2(world_size))
+    pof2 = 1 << (p.bit_length() - 1)
+    naive = build_schedule("naive", p)
+    assert count_steps(naive) == 2 * (p - 1)
+    assert bytes_sent_per_rank(naive, N) == pytest.approx([(p - 1) * N] + [N] * (p - 1))
+
+    ring_bytes = 2 * (p - 1) / p * N
+    assert bytes_sent_per_rank(build_schedule("ring", p), N) == pytest.approx([ring_bytes] * p)
+
+    tree = build_schedule("tree", p)
+    assert count_steps(tree) == 2 * lg
+    assert bytes_sent_per_rank(tree, N)[0] == pytest.approx(lg * N)  # the root feeds lg p subtrees
+    assert [bytes_sent_per_rank(tree, N)[r] for r in range(1, p, 2)] == pytest.approx([N] * (p // 2))  # leaves
+    assert sum(bytes_sent_per_rank(tree, N)) == pytest.approx(2 * (p - 1) * N)  # one message up, one down per rank
+
+    hd = build_schedule("halving_doubling", p)
+    fold = 0 if pof2 == p else 1
+    assert count_steps(hd) == 2 * int(math.log2(pof2)) + 2 * fold
+    survivor_bytes = 2 * (pof2 - 1) / pof2 * N + fold * N  # the partner of a folded rank also unfolds
+    assert max(bytes_sent_per_rank(hd, N)) == pytest.approx(survivor_bytes)
+
+    for g in (d for d in range(1, p + 1) if p % d == 0):
+        hierarchical = build_schedule("hierarchical", p, local_size=g)
+        assert bytes_sent_per_rank(hierarchical, N) == pytest.approx([ring_bytes] * p)
+
+
+def test_ring_barely_grows_with_p_and_trees_win_small_buffers_at_scale():
+    links = {"alpha": 5e-6, "beta": 1 / 100e9}
+    ring = [predict("ring", 1e9, p, **links) for p in (4, 64)]
+    assert ring[1] / ring[0] < 1.4
+    assert predict("tree", 4096, 64, **links) < predict("ring", 4096, 64, **links) / 5
+    assert predict("tree", 1e9, 64, **links) > 5 * predict("ring", 1e9, 64, **links)
+
+
+def test_predict_rejects_bad_input():
+    with pytest.raises(ValueError, match="no cost formula for 'butterfly'"):
+        predict("butterfly", 1, 4, alpha=1, beta=1)
+    with pytest.raises(ValueError, match="does not divide"):
+        predict("hierarchical", 1, 6, alpha=1, beta=1, local_size=4)
+    with pytest.raises(ValueError, match="non-negative"):
+        predict("ring", -1, 4, alpha=1, beta=1)
+
+
+def test_fit_recovers_alpha_beta_from_exact_and_noisy_messages():
+    alpha, beta = 25e-6, 1 / 3e9
+    sizes = [2**k for k in range(4, 26, 3)]
+    exact = fit([(n, alpha + n * beta) for n in sizes])
+    assert exact.alpha == pytest.approx(alpha, rel=1e-9) and exact.beta == pytest.approx(beta, rel=1e-9)
+    rng = random.Random(0)
+    noisy = fit([(n, (alpha + n * beta) * rng.uniform(0.97, 1.03)) for n in sizes for _ in range(5)])
+    assert noisy.alpha == pytest.approx(alpha, rel=0.05) and noisy.beta == pytest.approx(beta, rel=0.05)
+
+
+@pytest.mark.parametrize("algorithm, options", [("ring", {}), ("tree", {"segments": 2}), ("halving_doubling", {})])
+def test_fit_per_algorithm_inverts_predict(algorithm, options):
+    truth = Calibration(alpha=80e-6, beta=2e-10)
+    samples = [(n, truth.predict(algorithm, n, 6, **options)) for n in (1e3, 1e5, 1e7)]
+    fitted = fit(samples, algorithm=algorithm, world_size=6, **options)
+    assert fitted.alpha == pytest.approx(truth.alpha, rel=1e-9) and fitted.beta == pytest.approx(truth.beta, rel=1e-9)
+
+
+def test_fit_records_shares_alpha_beta_across_algorithms_and_skips_native():
+    truth = Calibration(alpha=40e-6, beta=5e-10)
+    records = [
+        {"algorithm": a, "world_size": p, "nbytes": n, "time_us": truth.predict(a, n, p) * 1e6}
+        for a in ("ring", "naive", "tree", "halving_doubling") for p in (3, 4) for n in (1e3, 1e6, 1e8)
+    ]
+    records.append({"algorithm": "native", "world_size": 4, "nbytes": 1e6, "time_us": 1e9})
+    fitted = fit_records(records)
+    assert (fitted.alpha, fitted.beta) == pytest.approx((truth.alpha, truth.beta), rel=1e-6)
+
+
+def test_fit_per_algorithm_gives_each_algorithm_its_own_constants():
+    truths = {"ring": Calibration(3e-5, 1e-9), "tree": Calibration(1e-5, 4e-9)}
+    records = [
+        {"algorithm": a, "world_size": 5, "nbytes": n, "time_us": truth.predict(a, n, 5, **({"segments": 2} if a == "tree" else {})) * 1e6}
+        for a, truth in truths.items() for n in (1e3, 1e5, 1e7)
+    ]
+    fitted = fit_per_algorithm(records, tree={"segments": 2})
+    for algorithm, truth in truths.items():
+        assert (fitted[algorithm].alpha, fitted[algorithm].beta) == pytest.approx((truth.alpha, truth.beta), rel=1e-9)
+    with pytest.raises(ValueError, match="one world size at a time"):
+        fit_per_algorithm(records + [{**records[0], "world_size": 6}])
+
+
+def test_gamma_folds_into_beta_because_every_formula_reduces_half_the_bytes_it_sends():
+    """So ``fit`` does not fit gamma: beta + gamma/2 predicts exactly the same times."""
+    for algorithm in ("ring", "naive", "tree", "halving_doubling"):
+        for p in (3, 4, 7):
+            with_gamma = predict(algorithm, N, p, alpha=1e-5, beta=1e-10, gamma=4e-11)
+            folded = predict(algorithm, N, p, alpha=1e-5, beta=1e-10 + 2e-11)
+            assert with_gamma == pytest.approx(folded, rel=1e-12)
+
+
+def test_fit_drops_parameters_that_would_be_negative_and_names_bad_input():
+    # Times that fall with size would need a negative beta: beta is fixed at 0 instead.
+    fitted = fit([(10, 2e-3), (1e6, 1e-3)])
+    assert fitted.beta == 0.0 and fitted.alpha > 0
+    with pytest.raises(ValueError, match="2 or more different sizes"):
+        fit([(100, 1e-3), (100, 2e-3)])
+    with pytest.raises(ValueError, match="positive"):
+        fit([(100, 0.0), (200, 1e-3)])
+
+
+def test_units_parse_like_people_write_them():
+    assert parse_size("1GB") == 1e9 and parse_size("4MiB") == 4 * 2**20 and parse_size("512") == 512
+    assert parse_bandwidth("100GB/s") == 100e9 and parse_bandwidth("25Gb/s") == 25e9 / 8
+    assert parse_bandwidth("10Gbit/s") == parse_bandwidth("10Gbps") == 1.25e9
+    assert parse_time("5us") == pytest.approx(5e-6) and parse_time("2ms") == pytest.approx(2e-3)
+    with pytest.raises(ValueError, match="unknown size unit"):
+        parse_size("3 bananas")
+
+
+def test_model_cli_prints_the_predicted_table(capsys):
+    assert main(["model", "--size", "1GB", "--world-sizes", "4,8,64", "--bandwidth", "100GB/s", "--latency", "5us"]) == 0
+    out = capsys.readouterr().out
+    table = out.split("\n\n")[0].splitlines()[2:]  # title, header, then one row per algorithm
+    rows = {line.split()[0]: line.split() for line in table}
+    assert set(rows) == set(ALGORITHMS) - {"hierarchical"}
+    for algorithm, cells in rows.items():
+        expected = [format_seconds(predict(algorithm, 1e9, p, alpha=5e-6, beta=1e-11)) for p in (4, 8, 64)]
+        assert " ".join(cells[1:]) == " ".join(expected)
+    assert "ring barely grows with p" in out and "it beats the ring below" in out
+
+
+def test_model_cli_hierarchical_row_and_bad_units(capsys):
+    assert main(["model", "--world-sizes", "8,12", "--local-size", "4", "--local-bandwidth", "300GB/s"]) == 0
+    assert "hierarchical (4/node)" in capsys.readouterr().out
+    assert main(["model", "--bandwidth", "fast"]) == 2
+    assert "cannot read bandwidth 'fast'" in capsys.readouterr().out

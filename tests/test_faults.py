@@ -1,0 +1,143 @@
+"""A rank dies in the middle of training: the others fail fast and say where; torchrun resumes.
+
+1. Three gloo ranks train a DDP model with the ring hook; at step 2 rank 2 SIGKILLs itself
+   just before its backward pass, so the survivors are in the middle of a ring. Every
+   survivor must fail (no hang) within the process-group timeout, with an error naming the
+   hook, the bucket, the step and the peer it was waiting for.
+2. ``torchrun --max-restarts=1`` over ``tests/scripts/train_with_hook.py``: rank 1 is killed
+   at step 2 of the first attempt; the restarted job loads the last checkpoint (model,
+   optimizer and the pickled HookState), re-attaches the hook and finishes, with the same
+   parameters as training without a fault.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests._dist import _rank_main
+from tests.scripts.train_with_hook import (
+    free_port, loopback_environment, loss_of, make_batch, make_model, torchrun_command,
+)
+
+PG_TIMEOUT = 6.0  # seconds; short, so a hang would show as a slow failure
+WORLD_SIZE = 3
+VICTIM = 2
+KILL_STEP = 2
+
+
+def _train_until_a_peer_dies(rank: int, world_size: int, victim: int, directory: str) -> dict:
+    import ddp_ring_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64))
+    model = DistributedDataParallel(net, bucket_cap_mb=0.01)  # several buckets
+    ddp_ring_hooks.register(model)
+    for step in range(KILL_STEP + 3):
+        loss = model(torch.randn(4, 64)).square().mean()
+        if step == KILL_STEP and rank == victim:
+            Path(directory, "killed_at").write_text(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            loss.backward()
+        except RuntimeError as error:
+            killed_at = float(Path(directory, "killed_at").read_text())
+            return {"step": step, "seconds": time.time() - killed_at, "message": str(error)}
+    return {"step": None, "seconds": None, "message": "no error"}
+
+
+def _run_with_a_victim(world_size: int, victim: int, timeout: float) -> tuple[dict[int, dict], int]:
+    """Like ``run_ranks``, but one rank is expected to die: collect the others' results."""
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    with tempfile.TemporaryDirectory() as directory:
+        processes = [
+            context.Process(
+                target=_rank_main,
+                args=(_train_until_a_peer_dies, rank, world_size, os.path.join(directory, "store"),
+                      PG_TIMEOUT, results, (victim, directory)),
+                daemon=True,
+            )
+            for rank in range(world_size)
+        ]
+        for process in processes:
+            process.start()
+        collected: dict[int, dict] = {}
+        deadline = time.monotonic() + timeout
+        try:
+            while len(collected) < world_size - 1:
+                try:
+                    rank, ok, value = results.get(timeout=max(0.1, deadline - time.monotonic()))
+                except queue.Empty:
+                    missing = sorted(set(range(world_size)) - {victim} - set(collected))
+                    pytest.fail(f"surviving ranks {missing} hung for {timeout:.0f}s after rank {victim} died")
+                assert ok, f"rank {rank} failed outside the training step:\n{value}"
+                collected[rank] = pickle.loads(value)
+        finally:
+            for process in processes:
+                if process.is_alive():
+                    process.kill()
+                process.join(5)
+        return collected, processes[victim].exitcode
+
+
+@pytest.mark.timeout(120)
+def test_survivors_of_a_killed_rank_fail_fast_naming_hook_bucket_and_peer():
+    survivors, victim_exit = _run_with_a_victim(WORLD_SIZE, VICTIM, timeout=90)
+
+    assert victim_exit == -signal.SIGKILL
+    for rank, outcome in survivors.items():
+        message = outcome["message"]
+        assert outcome["step"] == KILL_STEP, f"rank {rank}: {message}"
+        assert "ring_hook: bucket " in message and "of iteration 2" in message, message
+        assert "of the ring all-reduce failed on rank " f"{rank} waiting to " in message, message
+        assert "restart the job from its last checkpoint" in message, message
+        # Well within the timeout: a dead peer closes its sockets, gloo notices at once.
+        assert outcome["seconds"] < PG_TIMEOUT + 3, (rank, outcome["seconds"])
+    # The victim's ring neighbours were waiting for the victim itself.
+    assert f"waiting to receive from rank {VICTIM}" in survivors[0]["message"] or \
+        f"waiting to send to rank {VICTIM}" in survivors[0]["message"]
+    assert f"rank {VICTIM}" in survivors[VICTIM - 1]["message"]
+
+
+@pytest.mark.timeout(150)
+def test_torchrun_restart_resumes_from_checkpoint_with_hook_state(tmp_path):
+    steps, killed_rank = 5, 1
+    command = torchrun_command(
+        out=tmp_path, port=free_port(), max_restarts=1,
+        extra=(f"--steps={steps}", f"--kill-rank={killed_rank}", f"--kill-step={KILL_STEP}"),
+    )
+    run = subprocess.run(command, env=loopback_environment(), capture_output=True, text=True, timeout=140)
+    assert run.returncode == 0, run.stderr[-4000:]
+
+    results = [json.loads((tmp_path / f"result_rank{r}.json").read_text()) for r in range(2)]
+    for result in results:
+        assert result["attempt"] == 1  # the agent restarted the workers once
+        assert result["resumed_from"] == KILL_STEP
+        assert result["resumed_iteration"] == KILL_STEP  # HookState.iteration came back
+        assert result["iteration"] == steps
+        assert result["hook"] == "ring_hook"
+        assert result["worst_grad_error"] < 1e-6
+    assert results[0]["params"] == results[1]["params"]
+
+    # The same training without a fault, in one process: mean of the two ranks' losses.
+    reference = make_model()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(steps):
+        optimizer.zero_grad()
+        (sum(loss_of(reference, make_batch(step, r)) for r in range(2)) / 2).backward()
+        optimizer.step()
+    expected = torch.cat([p.detach().view(-1) for p in reference.parameters()])
+    torch.testing.assert_close(torch.tensor(results[0]["params"]), expected, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,208 @@
+"""The Lightning integration on real gloo ranks: hook attached, same losses, accumulation, resume.
+
+All cases run in one spawn of two ranks (Lightning's import alone costs seconds per process);
+each rank returns plain numbers and the assertions run here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+pytest.importorskip("lightning")
+
+from tests._dist import run_ranks
+
+WORLD_SIZE = 2
+MODEL = {"seq_len": 16, "width": 32, "num_layers": 2, "num_heads": 2}
+MICRO_BATCH = 2
+BUCKET_CAP_MB = 0.02  # a ~90 KB model: several buckets after DDP's rebuild
+# Losses of the ring hook and of Lightning's plain DDP: with two ranks both compute
+# (a + b) / 2 exactly (halving is exact in binary floating point), so they should agree to
+# the last bit; the tolerance allows one rounding difference in a differently ordered sum.
+LOSS_RTOL = 1e-6
+
+
+def _lightning_cases(rank: int, world_size: int, directory: str) -> dict:
+    # The ranks and the process group exist already; these variables tell Lightning that the
+    # processes were started from outside (as by torchrun), so it launches none of its own
+    # (and, the group being initialised, it never connects to the address).
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    import ddp_ring_hooks.integrations.lightning as ring_lightning
+    from ddp_ring_hooks import HookState, ring_hook
+    from ddp_ring_hooks.telemetry import MemorySink
+    from train_examples.char_lm import CharLanguageModel, make_dataloader, quiet_lightning
+
+    quiet_lightning()
+
+    class RecordLosses(pl.Callback):
+        def __init__(self) -> None:
+            self.losses: list[float] = []
+            self.comm_hook: str | None = None
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.comm_hook = ring_lightning.reported_comm_hook(trainer.strategy.model)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.losses.append(float(outputs["loss"]))
+
+    def fit(strategy, *, max_steps, accumulate=1, logger=False, callbacks=(), ckpt_path=None, save_to=None):
+        pl.seed_everything(0, verbose=False)
+        model = CharLanguageModel(**MODEL)
+        record = RecordLosses()
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=world_size, strategy=strategy, max_steps=max_steps,
+            accumulate_grad_batches=accumulate, logger=logger, callbacks=[record, *callbacks],
+            log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(model, make_dataloader(seq_len=MODEL["seq_len"], micro_batch=MICRO_BATCH), ckpt_path=ckpt_path)
+        if save_to:
+            trainer.save_checkpoint(save_to)
+        parameters = [p.detach().clone() for p in model.parameters()]
+        return trainer, record, parameters
+
+    results: dict = {}
+
+    # 1. Our strategy vs Lightning's DDPStrategy given our hook: on CPU Lightning silently
+    #    drops the hook (plain DDP), ours attaches it. Same losses either way.
+    ring_trainer, ring, ring_parameters = fit(ring_lightning.RingDDPStrategy(bucket_cap_mb=BUCKET_CAP_MB), max_steps=4)
+    plain_strategy = pl.strategies.DDPStrategy(
+        bucket_cap_mb=BUCKET_CAP_MB, ddp_comm_hook=ring_hook, ddp_comm_state=HookState()
+    )
+    _, plain, plain_parameters = fit(plain_strategy, max_steps=4)
+    results["ring_hook_reported"] = ring.comm_hook
+    results["ring_hook_kept_after_fit"] = ring_trainer.strategy.reported_comm_hook
+    results["lightning_ddp_hook_reported"] = plain.comm_hook
+    results["ring_losses"], results["plain_losses"] = ring.losses, plain.losses
+    results["max_parameter_difference"] = max(
+        float((a - b).abs().max()) for a, b in zip(ring_parameters, plain_parameters)
+    )
+    results["ring_parameters"] = ring_parameters
+
+    # 2. Accumulation: 3 micro-batches per optimizer step; the hook reduces once per step.
+    memory = MemorySink()
+    strategy = ring_lightning.RingDDPStrategy(bucket_cap_mb=BUCKET_CAP_MB, sinks=[memory])
+    trainer, record, _ = fit(strategy, max_steps=2, accumulate=3)
+    results["accumulation"] = {
+        "micro_batches": len(record.losses),
+        "global_step": trainer.global_step,
+        "hook_iterations": strategy.hook_state.iteration,
+        "recorded_steps": [r.step for r in memory.records],
+        "bucket_indices": [[b.index for b in r.buckets] for r in memory.records],
+    }
+
+    # 3. Checkpoint saved with the hook, resumed into a new Trainer: hook attached again and
+    #    its step counter continues from the checkpoint's step.
+    checkpoint = os.path.join(directory, "ring.ckpt")
+    fit(ring_lightning.RingDDPStrategy(bucket_cap_mb=BUCKET_CAP_MB), max_steps=2, save_to=checkpoint)
+    memory = MemorySink()
+    strategy = ring_lightning.RingDDPStrategy(bucket_cap_mb=BUCKET_CAP_MB, sinks=[memory])
+    trainer, record, _ = fit(strategy, max_steps=4, ckpt_path=checkpoint)
+    results["resume"] = {
+        "comm_hook": record.comm_hook,
+        "global_step": trainer.global_step,
+        "hook_iterations": strategy.hook_state.iteration,
+        "recorded_steps": [r.step for r in memory.records],
+        "losses": record.losses,
+    }
+
+    # 4. Telemetry and throughput in the Trainer's own TensorBoard run, by strategy name.
+    logger = TensorBoardLogger(directory, name="", version="callbacks")
+    throughput = ring_lightning.ThroughputLogger(tokens_per_sample=MODEL["seq_len"])
+    trainer, _, _ = fit("ddp_ring", max_steps=3, logger=logger,
+                        callbacks=[ring_lightning.CommTimingLogger(), throughput])
+    results["by_name"] = type(trainer.strategy).__name__
+    results["throughput"] = [(s.step, s.micro_batches, s.samples, s.seconds) for s in throughput.history]
+    results["log_dir"] = logger.log_dir
+    return results
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("lightning"))
+    return run_ranks(_lightning_cases, WORLD_SIZE, directory, timeout=240)
+
+
+def test_ring_strategy_attaches_hook_on_cpu_where_lightning_ddp_drops_it(ranks):
+    for result in ranks:
+        assert result["ring_hook_reported"] == "ring_hook"
+        assert result["ring_hook_kept_after_fit"] == "ring_hook"
+        assert result["lightning_ddp_hook_reported"] is None  # Lightning's CUDA-only guard
+        assert result["by_name"] == "RingDDPStrategy"
+
+
+def test_ring_hook_losses_match_lightning_default_ddp(ranks):
+    for result in ranks:
+        ring, plain = result["ring_losses"], result["plain_losses"]
+        assert len(ring) == len(plain) == 4
+        assert ring[0] != ring[-1]  # training moved
+        for a, b in zip(ring, plain):
+            assert math.isclose(a, b, rel_tol=LOSS_RTOL), (ring, plain)
+        assert result["max_parameter_difference"] <= 1e-6
+    # Every rank ends with the same weights, bit for bit.
+    for a, b in zip(ranks[0]["ring_parameters"], ranks[1]["ring_parameters"]):
+        assert a.equal(b)
+
+
+def test_accumulation_reduces_once_per_optimizer_step(ranks):
+    for result in ranks:
+        accumulation = result["accumulation"]
+        assert accumulation["micro_batches"] == 6
+        assert accumulation["global_step"] == 2
+        assert accumulation["hook_iterations"] == 2  # one DDP reduction per step, not per micro-batch
+        assert accumulation["recorded_steps"] == [1, 2]
+        for indices in accumulation["bucket_indices"]:
+            assert indices == list(range(len(indices)))  # each bucket once, in order
+
+
+def test_checkpoint_resumes_with_hook_attached(ranks):
+    for result in ranks:
+        resume = result["resume"]
+        assert resume["comm_hook"] == "ring_hook"
+        assert resume["global_step"] == 4
+        assert resume["hook_iterations"] == 4  # counter continued from step 2
+        assert resume["recorded_steps"] == [3, 4]
+        assert len(resume["losses"]) == 2 and all(math.isfinite(x) for x in resume["losses"])
+
+
+def test_comm_and_throughput_share_the_loss_axis_in_the_trainers_run(ranks):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rank_zero = ranks[0]
+    events = EventAccumulator(rank_zero["log_dir"])
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "comm/step/total_ms", "throughput/samples_per_s", "throughput/tokens_per_s"} <= tags
+    loss_steps = sorted({e.step for e in events.Scalars("train/loss")})
+    comm = events.Scalars("comm/step/total_ms")
+    samples_per_s = events.Scalars("throughput/samples_per_s")
+    assert loss_steps == [0, 1, 2]
+    assert [e.step for e in comm] == loss_steps
+    assert [e.step for e in samples_per_s] == loss_steps
+    assert all(e.value > 0 for e in comm)
+    # samples/s = all ranks' samples over the step's wall time, as recorded by the callback.
+    for event, (step, micro_batches, samples, seconds) in zip(samples_per_s, rank_zero["throughput"]):
+        assert micro_batches == 1 and samples == MICRO_BATCH * WORLD_SIZE
+        assert math.isclose(event.value, samples / seconds, rel_tol=1e-5)
+
+
+def test_bad_arguments_get_errors_that_name_the_fix():
+    import lightning.pytorch as pl
+
+    from ddp_ring_hooks import HookState, ring_hook
+    from ddp_ring_hooks.integrations.lightning import CommTimingLogger, RingDDPStrategy
+
+    with pytest.raises(ValueError, match="cannot take ddp_comm_hook="):
+        RingDDPStrategy(ddp_comm_hook=ring_hook, ddp_comm_state=HookState())
+    with pytest.raises(ValueError, match="unknown algorithm 'rign'; choose one of ring"):
+        RingDDPStrategy("rign")
+    trainer = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp", logger=False, enable_progress_bar=False)
+    with pytest.raises(TypeError, match='pass strategy="ddp_ring"'):
+        CommTimingLogger().setup(trainer, None, "fit")

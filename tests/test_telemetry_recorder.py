@@ -1,0 +1,125 @@
+"""The recorder under load: thousands of observed buckets against a sink far slower than
+training keep memory flat, never block the caller, and count every dropped step; and on a GPU
+the hook times with events and never synchronizes the host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ._dist import run_ranks
+
+STEPS = 6000
+BUCKETS_PER_STEP = 4
+CAPACITY = 16
+
+
+def _drive_recorder_with_slow_sink(rank: int, world_size: int):
+    """Play the hook's side of the observer protocol STEPS times; return what was counted."""
+    import time
+    import tracemalloc
+
+    from ddp_ring_hooks.telemetry import Sink, Telemetry
+
+    class SlowSink(Sink):
+        def __init__(self):
+            self.written = 0
+
+        def write(self, record):
+            time.sleep(0.002)  # a disk far slower than training
+            self.written += 1
+
+    sink = SlowSink()
+    telemetry = Telemetry(sinks=[sink], capacity=CAPACITY, summary_window=64)
+    buffer = torch.zeros(1024)
+    phases = ("reduce-scatter", "all-gather")
+    memory_after: dict[int, int] = {}
+    tracemalloc.start()
+    for step in range(1, STEPS + 1):
+        for index in range(BUCKETS_PER_STEP):
+            is_last = index == BUCKETS_PER_STEP - 1
+            observer = telemetry.observe_bucket(buffer, step=step, is_last=is_last, algorithm="ring")
+            for phase in phases:
+                observer.on_phase(phase)
+            observer.on_finish()
+        if step in (STEPS // 6, STEPS):
+            memory_after[step] = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    queued_at_end = telemetry._queue.qsize()
+    telemetry.close()
+    return {
+        "written": sink.written, "dropped": telemetry.dropped, "memory": memory_after,
+        "queued_at_end": queued_at_end,
+    }
+
+
+def test_thousands_of_buckets_keep_memory_flat_and_count_drops():
+    (result,) = run_ranks(_drive_recorder_with_slow_sink, 1, timeout=120)
+    # A blocking queue would never drop: drops prove the caller did not wait for the sink.
+    assert result["dropped"] > 0, "a sink this slow must make the recorder drop steps"
+    assert result["written"] + result["dropped"] == STEPS, "every step is either written or counted as dropped"
+    assert result["queued_at_end"] <= CAPACITY
+    early, late = result["memory"][STEPS // 6], result["memory"][STEPS]
+    assert late - early < 64 * 1024, f"memory grew from {early} to {late} bytes over {STEPS} steps"
+
+
+EXIT_WITHOUT_CLOSE = """
+import sys
+import torch, torch.distributed as dist
+from ddp_ring_hooks.telemetry import Telemetry
+
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 1), rank=0, world_size=1)
+telemetry = Telemetry(log_dir=sys.argv[1], trace_steps=(1, 3))
+for step in (1, 2, 3):
+    observer = telemetry.observe_bucket(torch.zeros(8), step=step, is_last=True, algorithm="ring")
+    observer.on_phase("reduce-scatter")
+    observer.on_finish()
+# No close(): interpreter exit must write everything.
+"""
+
+
+def test_exit_without_close_still_writes_events_and_trace(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from ddp_ring_hooks.telemetry.recorder import TRACE_FILE
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    log_dir, store = str(tmp_path / "run"), str(tmp_path / "store")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    subprocess.run([sys.executable, "-c", EXIT_WITHOUT_CLOSE, log_dir, store], env=env, check=True, timeout=120)
+    accumulator = EventAccumulator(log_dir)
+    accumulator.Reload()
+    assert [event.step for event in accumulator.Scalars("comm/step/total_ms")] == [1, 2, 3]
+    with open(os.path.join(log_dir, TRACE_FILE)) as file:
+        steps = {e["args"]["step"] for e in json.load(file)["traceEvents"] if e["name"].startswith("bucket ")}
+    assert steps == {1, 2}
+
+
+def _reduce_on_cuda_without_sync(rank: int, world_size: int):
+    from ddp_ring_hooks import HookState
+    from ddp_ring_hooks.telemetry import MemorySink
+
+    memory = MemorySink()
+    state = HookState(sinks=[memory])
+    buffer = torch.ones(1 << 20, device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            state.reduce_bucket(buffer, is_last=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    state.close()
+    return [(r.step, r.buckets[0].nbytes, r.exposed_ms) for r in memory.records]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_timing_uses_events_and_never_syncs_the_host():
+    (records,) = run_ranks(_reduce_on_cuda_without_sync, 1, timeout=120)
+    assert [step for step, _, _ in records] == [1, 2, 3]
+    assert all(nbytes == 4 << 20 and exposed >= 0 for _, nbytes, exposed in records)

@@ -45,7 +45,22 @@ def record_every_algorithm(rank: int, world_size: int) -> dict:
             ddp_ring_hooks.all_reduce(tensor, algorithm=algorithm, observer=recorder, **options_for(algorithm))
             results.append(tensor.tolist())
         report[algorithm] = (recorder.recording(), results)
+    report["ddp"] = record_ddp_training(rank)
     return report
+
+
+def record_ddp_training(rank: int):
+    """Two optimizer steps of a small DDP model whose hook feeds a recorder, as a user would."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 300), torch.nn.Linear(300, 5)),
+                                    bucket_cap_mb=0.005)
+    recorder = TraceRecorder(algorithm="ring")
+    ddp_ring_hooks.register(model, observers=(recorder,))
+    for _ in range(2):
+        model(torch.randn(4, 8)).sum().backward()
+    return recorder.recording()
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +160,15 @@ def test_recordings_that_do_not_fit_together_are_rejected(recorded, tmp_path):
     with pytest.raises(TraceError, match="not a ddp_ring_hooks trace"):
         load_recordings([not_a_trace])
     assert main(["animate", "--trace", str(not_a_trace), "--output", str(tmp_path / "x.gif")]) == 2
+
+
+def test_a_ddp_training_run_records_every_bucket_it_reduced(recorded, tmp_path):
+    reports, _ = recorded
+    paths = [save_recordings([report["ddp"]], tmp_path / f"ddp.rank{rank}.json") for rank, report in enumerate(reports)]
+    recordings = load_recordings(paths)
+    runs = len(recordings[0].runs)
+    assert runs >= 3  # step 1 reduces one big bucket; step 2 the rebuilt, smaller ones
+    ring = checked_schedule("ring", WORLD_SIZE)
+    for run in range(runs):
+        replayed = schedule_from_recordings(recordings, run=run)
+        assert simulate(replayed, elements=7).frames == simulate(ring, elements=7).frames

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..telemetry import Sink
 from .ring_hook import ring_hook
 from .state import HookState
 from .validation import validate_registration, validate_state
@@ -16,19 +15,13 @@ def register(
     *,
     algorithm: str = "ring",
     process_group: dist.ProcessGroup | None = None,
-    log_dir: str | None = None,
-    log_every: int = 1,
-    trace_steps: int | tuple[int, int] | None = None,
-    per_rank: bool = False,
-    spread_every: int = 0,
-    sinks: tuple[Sink, ...] = (),
     **options,
 ) -> HookState:
     """Attach :func:`ring_hook` to ``ddp_model`` and return its :class:`HookState`.
 
-    ``process_group`` defaults to the model's own group. ``options`` go to :class:`HookState`.
-
-    Communication timing per bucket (nothing is recorded unless asked):
+    ``process_group`` defaults to the model's own group. ``options`` go to :class:`HookState`:
+    the algorithm's own options (e.g. ``local_size=`` for hierarchical), ``check_layout_steps``,
+    ``observers``, and the communication timing per bucket (nothing is recorded unless asked):
 
     - ``log_dir``: TensorBoard events (``comm/bucket_{i}/time_ms``, ...) from rank 0.
     - ``log_every``: record every N-th optimizer step.
@@ -58,10 +51,7 @@ def register(
             "hook per model, so build a new DistributedDataParallel to register another"
         )
     validate_registration(ddp_model.module, process_group or ddp_model.process_group)
-    state = HookState(
-        process_group or ddp_model.process_group, algorithm, log_dir=log_dir, log_every=log_every,
-        trace_steps=trace_steps, per_rank=per_rank, spread_every=spread_every, sinks=sinks, **options,
-    )
+    state = HookState(process_group or ddp_model.process_group, algorithm, **options)
     validate_state(state)
     ddp_model.register_comm_hook(state, ring_hook)
     return state

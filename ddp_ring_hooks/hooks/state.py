@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..runtime import CommWorker, ExecutionObserver, run_schedule
+from ..runtime import CommWorker, ExecutionObserver, combine_observers, run_schedule
 from ..runtime.errors import CommunicationError, HookFailedError
 from ..schedules import ALGORITHMS, Schedule, checked_schedule
 from ..telemetry import Sink, Telemetry
@@ -44,6 +44,9 @@ class HookState:
             communication timing (TensorBoard, trace, summary), see
             :class:`~ddp_ring_hooks.telemetry.Telemetry`; or pass a ready ``telemetry=``.
             Nothing is recorded unless one of them asks for it.
+        observers: more :class:`~ddp_ring_hooks.runtime.ExecutionObserver` s that watch every
+            bucket's all-reduce, e.g. a :class:`~ddp_ring_hooks.runtime.recording.TraceRecorder`
+            to replay your own training with ``ddp-ring-hooks animate --trace``.
         check_layout_steps: for this many first iterations, check across ranks that every
             rank reduces the same buckets (see :mod:`~ddp_ring_hooks.hooks.layout_check`);
             ``0`` turns the check off.
@@ -66,6 +69,8 @@ class HookState:
         "_worker",
         # Per-bucket timing; pickles its options only.
         "telemetry",
+        # More watchers of every bucket's execution (e.g. a TraceRecorder); not pickled.
+        "observers",
         # algorithm="auto": the calibrated per-bucket chooser (None otherwise).
         "_auto",
         # Reliability: iterations with the cross-rank layout check, the index of the next
@@ -88,6 +93,7 @@ class HookState:
         spread_every: int = 0,
         sinks: tuple[Sink, ...] = (),
         telemetry: Telemetry | None = None,
+        observers: tuple[ExecutionObserver, ...] = (),
         check_layout_steps: int = 2,
         **algorithm_options,
     ) -> None:
@@ -106,10 +112,16 @@ class HookState:
         self._failure: CommunicationError | None = None
         self._worker = CommWorker()
         self._auto = AutoSelector.probed(self.group, **algorithm_options) if algorithm == AUTO else None
+        if telemetry is not None and (log_dir is not None or trace_steps is not None or sinks):
+            raise ValueError(
+                "pass either telemetry=Telemetry(...) or the telemetry options (log_dir, "
+                "trace_steps, sinks, ...), not both: put the options into the Telemetry"
+            )
         self.telemetry = telemetry or Telemetry(
             log_dir=log_dir, log_every=log_every, trace_steps=trace_steps, per_rank=per_rank,
             spread_every=spread_every, sinks=sinks,
         )
+        self.observers = tuple(observers)
 
     # -- the group -----------------------------------------------------------------------
 
@@ -147,8 +159,11 @@ class HookState:
             self.iteration += 1
         schedule = self.schedule_for(buffer)
         # Taken now, on the hook thread: "handed over" starts queue_ms and exposed_ms.
-        observer = self.telemetry.observe_bucket(
-            buffer, step=step, is_last=is_last, algorithm=schedule.algorithm, group=self.group
+        observer = combine_observers(
+            self.telemetry.observe_bucket(
+                buffer, step=step, is_last=is_last, algorithm=schedule.algorithm, group=self.group
+            ),
+            *self.observers,
         )
         iteration = step - 1
         if buffer.is_cuda:
@@ -201,7 +216,7 @@ class HookState:
 
     def __getstate__(self) -> dict:
         # Process groups and threads cannot be pickled; they are rebuilt on load.
-        skipped = {"process_group", "_worker", "_failure"}
+        skipped = {"process_group", "_worker", "_failure", "observers"}
         return {name: getattr(self, name) for name in self.__slots__ if name not in skipped}
 
     def __setstate__(self, state: dict) -> None:
@@ -209,6 +224,7 @@ class HookState:
             setattr(self, name, value)
         self.process_group = None
         self._failure = None
+        self.observers = ()
         self._worker = CommWorker()
 
 

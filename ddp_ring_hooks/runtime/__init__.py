@@ -2,7 +2,7 @@
 
 from .all_reduce import all_reduce
 from .executor import run_schedule
-from .observer import NULL_OBSERVER, ExecutionObserver
+from .observer import NULL_OBSERVER, ExecutionObserver, combine_observers
 from .worker import CommWorker
 
-__all__ = ["NULL_OBSERVER", "CommWorker", "ExecutionObserver", "all_reduce", "run_schedule"]
+__all__ = ["NULL_OBSERVER", "CommWorker", "ExecutionObserver", "all_reduce", "combine_observers", "run_schedule"]

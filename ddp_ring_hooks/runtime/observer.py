@@ -26,3 +26,30 @@ class ExecutionObserver:
 
 
 NULL_OBSERVER = ExecutionObserver()
+
+
+class _FanOut(ExecutionObserver):
+    """Forwards every call to several observers, in order."""
+
+    def __init__(self, observers: Sequence[ExecutionObserver]) -> None:
+        self._observers = tuple(observers)
+
+    def on_phase(self, phase: str) -> None:
+        for observer in self._observers:
+            observer.on_phase(phase)
+
+    def on_step(self, index: int, step: RankStep, chunk_bytes: Sequence[int]) -> None:
+        for observer in self._observers:
+            observer.on_step(index, step, chunk_bytes)
+
+    def on_finish(self) -> None:
+        for observer in self._observers:
+            observer.on_finish()
+
+
+def combine_observers(*observers: ExecutionObserver) -> ExecutionObserver:
+    """One observer that feeds all of ``observers`` (the null one when none is left)."""
+    active = [observer for observer in observers if observer is not NULL_OBSERVER]
+    if not active:
+        return NULL_OBSERVER
+    return active[0] if len(active) == 1 else _FanOut(active)

@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from train_examples.char_lm import add_model_arguments, model_from_args  # noqa: E402  (needs the path above)
+
 TARGET_RATIO = 0.95
 
 
@@ -43,11 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="first steps of each run left out of the measurement (default: %(default)s)")
     parser.add_argument("--micro-batch", type=int, default=4,
                         help="sequences per rank per step (default: %(default)s)")
-    parser.add_argument("--seq-len", type=int, default=64, help="bytes per sequence (default: %(default)s)")
-    parser.add_argument("--width", type=int, default=256, help="model width (default: %(default)s)")
-    parser.add_argument("--layers", type=int, default=4, help="transformer blocks (default: %(default)s)")
-    parser.add_argument("--heads", type=int, default=4, help="attention heads (default: %(default)s)")
-    parser.add_argument("--bucket-cap-mb", type=float, default=2.0, help="DDP bucket size (default: %(default)s)")
+    add_model_arguments(parser)
     parser.add_argument("--output", default="runs/lightning_throughput.json",
                         help="write the measurements here as JSON (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -68,10 +66,10 @@ def run_once(strategy_name: str, args: argparse.Namespace) -> float:
     import lightning.pytorch as pl
 
     from ddp_ring_hooks.integrations.lightning import RingDDPStrategy, ThroughputLogger
-    from train_examples.char_lm import CharLanguageModel, make_dataloader, torchrun_placement
+    from train_examples.char_lm import make_dataloader, torchrun_placement
 
     pl.seed_everything(0, verbose=False)
-    model = CharLanguageModel(seq_len=args.seq_len, width=args.width, num_layers=args.layers, num_heads=args.heads)
+    model = model_from_args(args)
     if strategy_name == "ring":
         strategy = RingDDPStrategy(bucket_cap_mb=args.bucket_cap_mb)
     else:

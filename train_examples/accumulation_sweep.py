@@ -43,7 +43,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch.distributed as dist
-from char_lm import CharLanguageModel, make_dataloader, quiet_lightning, torchrun_placement
+from char_lm import add_model_arguments, make_dataloader, model_from_args, quiet_lightning, torchrun_placement
 from lightning.pytorch.loggers import TensorBoardLogger
 from tqdm import tqdm
 
@@ -75,12 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="sequences per rank per forward/backward (default: %(default)s)")
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="ring",
                         help="all-reduce algorithm of the hook (default: %(default)s)")
-    parser.add_argument("--bucket-cap-mb", type=float, default=2.0,
-                        help="DDP bucket size; small enough for several buckets (default: %(default)s)")
-    parser.add_argument("--seq-len", type=int, default=64, help="bytes per training sequence (default: %(default)s)")
-    parser.add_argument("--width", type=int, default=256, help="model width (default: %(default)s)")
-    parser.add_argument("--layers", type=int, default=4, help="transformer blocks (default: %(default)s)")
-    parser.add_argument("--heads", type=int, default=4, help="attention heads (default: %(default)s)")
+    add_model_arguments(parser)
     parser.add_argument("--output-dir", default="runs/accumulation_sweep",
                         help="results, plot and TensorBoard runs go here (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and data order (default: %(default)s)")
@@ -112,7 +107,7 @@ def parse_accumulate(parser: argparse.ArgumentParser, text: str, micro_batches: 
 def train_once(args: argparse.Namespace, k: int, round_index: int) -> tuple[dict, TensorBoardLogger]:
     """Train ``args.micro_batches`` micro-batches with accumulation ``k``; return the measurement and its run."""
     pl.seed_everything(args.seed, verbose=False)
-    model = CharLanguageModel(seq_len=args.seq_len, width=args.width, num_layers=args.layers, num_heads=args.heads)
+    model = model_from_args(args)
     memory = MemorySink()
     strategy = RingDDPStrategy(args.algorithm, bucket_cap_mb=args.bucket_cap_mb, sinks=[memory])
     throughput = ThroughputLogger(tokens_per_sample=args.seq_len)

@@ -157,6 +157,23 @@ class CharLanguageModel(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.learning_rate)
 
 
+def add_model_arguments(parser, *, seq_len: int = 64) -> None:
+    """The flags that shape the model and its bucketing, shared by every script that trains it."""
+    parser.add_argument("--seq-len", type=int, default=seq_len, help="bytes per training sequence (default: %(default)s)")
+    parser.add_argument("--width", type=int, default=256, help="model width (default: %(default)s)")
+    parser.add_argument("--layers", type=int, default=4, help="transformer blocks (default: %(default)s)")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads (default: %(default)s)")
+    parser.add_argument("--bucket-cap-mb", type=float, default=2.0,
+                        help="DDP bucket size in MiB; small enough for several buckets (default: %(default)s)")
+
+
+def model_from_args(args, **overrides) -> CharLanguageModel:
+    """The model the flags of :func:`add_model_arguments` describe."""
+    return CharLanguageModel(
+        seq_len=args.seq_len, width=args.width, num_layers=args.layers, num_heads=args.heads, **overrides
+    )
+
+
 def make_dataloader(*, seq_len: int, micro_batch: int, seed: int = 0) -> DataLoader:
     """Shuffled micro-batches of byte windows (Lightning adds the DistributedSampler)."""
     generator = torch.Generator().manual_seed(seed)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 
 import lightning.pytorch as pl
-from char_lm import CharLanguageModel, make_dataloader, quiet_lightning, torchrun_placement
+from char_lm import add_model_arguments, make_dataloader, model_from_args, quiet_lightning, torchrun_placement
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from ddp_ring_hooks import ALGORITHMS
@@ -37,13 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="sequences per rank per forward/backward (default: %(default)s)")
     parser.add_argument("--accumulate-grad-batches", type=int, default=1,
                         help="micro-batches per optimizer step (default: %(default)s)")
-    parser.add_argument("--seq-len", type=int, default=128, help="bytes per training sequence (default: %(default)s)")
-    parser.add_argument("--width", type=int, default=256, help="model width (default: %(default)s)")
-    parser.add_argument("--layers", type=int, default=4, help="transformer blocks (default: %(default)s)")
-    parser.add_argument("--heads", type=int, default=4, help="attention heads (default: %(default)s)")
+    add_model_arguments(parser, seq_len=128)
     parser.add_argument("--learning-rate", type=float, default=3e-4, help="AdamW learning rate (default: %(default)s)")
-    parser.add_argument("--bucket-cap-mb", type=float, default=2.0,
-                        help="DDP bucket size; small enough for several buckets (default: %(default)s)")
     parser.add_argument("--output-dir", default="runs/char_lm",
                         help="TensorBoard runs and checkpoints go here (default: %(default)s)")
     parser.add_argument("--resume", metavar="CKPT", default=None, help="continue from this Lightning checkpoint")
@@ -56,10 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     quiet_lightning()
     pl.seed_everything(args.seed, verbose=False)
 
-    model = CharLanguageModel(
-        seq_len=args.seq_len, width=args.width, num_layers=args.layers, num_heads=args.heads,
-        learning_rate=args.learning_rate,
-    )
+    model = model_from_args(args, learning_rate=args.learning_rate)
     data = make_dataloader(seq_len=args.seq_len, micro_batch=args.micro_batch, seed=args.seed)
 
     callbacks: list[pl.Callback] = [ThroughputLogger(tokens_per_sample=args.seq_len)]

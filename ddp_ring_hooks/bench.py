@@ -201,7 +201,7 @@ def _make_inputs(count: int, dtype: torch.dtype, device, group):
     """This rank's input, the exact sum over ranks (float64) and the tolerance per element."""
     generator = torch.Generator().manual_seed(1000 + dist.get_rank())  # different on each rank
     inputs = torch.randn(count, generator=generator).to(dtype).to(device)
-    exact = inputs.to(torch.float64)
+    exact = inputs.to(torch.float64, copy=True)  # a copy even for float64: it is reduced in place
     magnitude = inputs.abs().to(torch.float64)
     dist.all_reduce(exact, group=group)
     dist.all_reduce(magnitude, group=group)

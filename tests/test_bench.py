@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ddp_ring_hooks import ALGORITHMS
 from ddp_ring_hooks.bench import (
-    BenchRecord, bus_factor, busbw_ratios, format_size, format_table, parse_size, size_sweep,
+    BenchRecord, bus_factor, busbw_ratios, format_size, format_table, parse_size, run_sweep, size_sweep,
 )
 from ddp_ring_hooks.cli.__main__ import main as cli_main
 from ddp_ring_hooks.runtime import ExecutionObserver, run_schedule
@@ -123,6 +123,12 @@ def lanes_against_one_lane(rank: int, world_size: int) -> dict:
         run_schedule(checked_schedule("ring", world_size), torch.ones(8), segment_bytes=0)
     except ValueError as error:
         report["bad segment size"] = str(error)
+    # The library entry point, as the auto calibration calls it, in the other dtypes.
+    report["sweep"] = [
+        record.as_dict()
+        for dtype in (torch.float64, torch.float16, torch.bfloat16)
+        for record in run_sweep([96, 1000], algorithms=["ring", "native"], dtype=dtype, warmup=0, iters=1)
+    ]
     return report
 
 
@@ -130,6 +136,13 @@ def lanes_against_one_lane(rank: int, world_size: int) -> dict:
 def test_lanes_are_bit_identical_to_one_lane_and_across_ranks():
     reports = run_ranks(lanes_against_one_lane, 3, timeout=220)
     assert "segment_bytes must be positive" in reports[0].pop("bad segment size")
+    sweeps = [report.pop("sweep") for report in reports]
+    assert all(sweep == sweeps[0] for sweep in sweeps), "ranks disagree on the records"
+    assert {(r["algorithm"], r["dtype"], r["nbytes"]) for r in sweeps[0]} == {
+        (name, dtype, nbytes) for name in ("ring", "native") for dtype in ("float64", "float16", "bfloat16")
+        for nbytes in (96, 1000)
+    }
+    assert all(r["wrong"] == 0 and r["world_size"] == 3 for r in sweeps[0])
     assert len(reports[0]) == 2 * len(ALGORITHMS) * 2 * 4
     for case, (same_as_one_lane, same_events, within_bound, _) in reports[0].items():
         assert same_as_one_lane, f"lanes changed the result: {case}"

@@ -93,3 +93,34 @@ def test_all_reduce_on_subgroups_and_non_contiguous_tensors():
 def test_unknown_algorithm_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown algorithm 'rign'; choose one of"):
         ddp_ring_hooks.HookState(algorithm="rign")
+
+
+def average_with_every_algorithm(rank: int, world_size: int) -> dict:
+    """``run_schedule(divisor=p)``: the fused divide-then-sum of the DDP hook, in many lanes."""
+    from ddp_ring_hooks.runtime import run_schedule
+    from ddp_ring_hooks.schedules import ALGORITHMS, checked_schedule
+
+    report = {}
+    for algorithm in ALGORITHMS:
+        options = {"local_size": 1} if algorithm == "hierarchical" else {}
+        schedule = checked_schedule(algorithm, world_size, **options)
+        for dtype in (torch.float32, torch.float16):
+            inputs = [rank_input(r, 1009, dtype) for r in range(world_size)]
+            averaged = run_schedule(schedule, inputs[rank].clone(), divisor=world_size, segment_bytes=256)
+            # Each x_r / p rounds once more than a plain sum: (p + 1) roundings in the bound.
+            scaled = [x.double() / world_size for x in inputs]
+            bound = (world_size + 1) * UNIT_ROUNDOFF[dtype] * torch.stack(scaled).abs().sum(0)
+            error = float(((averaged.double() - torch.stack(scaled).sum(0)).abs() / bound).max())
+            # Near fp16's largest value (65504) a sum overflows; dividing first must not.
+            large = torch.full((7,), 60000.0, dtype=torch.float16)
+            run_schedule(schedule, large, divisor=world_size)
+            report[(algorithm, str(dtype))] = (error, digest(averaged), large.tolist())
+    return report
+
+
+def test_divisor_averages_every_algorithm_without_fp16_overflow():
+    reports = run_ranks(average_with_every_algorithm, 3, timeout=120)
+    for case, (error, _, large) in reports[0].items():
+        assert error <= 1.0, f"{case}: off by {error:.2f} x the rounding bound"
+        assert large == [60000.0] * 7, f"{case}: {large}"
+        assert len({report[case][1] for report in reports}) == 1, f"{case}: ranks differ bit-wise"

@@ -179,8 +179,7 @@ class HookState:
     def _average(
         self, schedule: Schedule, buffer: torch.Tensor, observer: ExecutionObserver
     ) -> torch.Tensor:
-        buffer.div_(schedule.world_size)
-        return run_schedule(schedule, buffer, group=self.group, observer=observer)
+        return run_schedule(schedule, buffer, group=self.group, observer=observer, divisor=schedule.world_size)
 
     def _average_or_explain(
         self, schedule: Schedule, buffer: torch.Tensor, observer: ExecutionObserver, *,

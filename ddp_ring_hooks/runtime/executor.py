@@ -9,6 +9,12 @@ the chunk as it was before the step, exactly as the schedule's in-memory replay 
   are allowed, and empty chunks send nothing (both ends know the sizes, so they agree).
 - A copy lands directly in the chunk; a reduce lands in a scratch buffer first.
 - Reductions happen in the buffer's own dtype, as NCCL does.
+- ``divisor`` averages instead of summing: each rank's contribution is divided by it *before*
+  it is summed (so fp16 sums cannot overflow, as in PyTorch's ``allreduce_hook``), fused into
+  the first pass over each chunk: a chunk about to be sent first is divided in place; a chunk
+  whose first touch is a reduce becomes ``received + chunk / divisor`` in one kernel
+  (``addcdiv``). DDP's own reducer fuses its division the same way, into the copy of the
+  gradients into the bucket: a separate pass over the whole bucket costs ~5% of a step.
 - On CUDA with NCCL, ``wait()`` only makes the current stream wait for the NCCL stream and the
   additions are enqueued on the current stream: the host is never blocked.
 - The schedule's ranks are ranks *of the group*; ``group_peer`` lets torch map them to
@@ -75,9 +81,12 @@ def run_schedule(
     group: dist.ProcessGroup | None = None,
     observer: ExecutionObserver = NULL_OBSERVER,
     segment_bytes: int | None = None,
+    divisor: int = 1,
 ) -> torch.Tensor:
     """All-reduce (sum) the 1-D contiguous tensor ``flat`` in place following ``schedule``.
 
+    With ``divisor`` > 1 every contribution is divided by it first: the result is the sum of
+    ``x_r / divisor`` (the average when ``divisor`` is the group size).
     ``segment_bytes`` overrides :data:`SEGMENT_BYTES` on CPU (tests use it to get many
     lanes from small tensors); CUDA tensors always run in one lane.
     """
@@ -92,6 +101,8 @@ def run_schedule(
     if segment_bytes is not None and segment_bytes < 1:
         raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
     if group_size == 1 or flat.numel() == 0:
+        if divisor != 1:
+            flat.div_(divisor)
         observer.on_finish()
         return flat
     plan = schedule.plan_for(dist.get_rank(group))
@@ -101,6 +112,7 @@ def run_schedule(
     lanes = _split_into_lanes(chunks, _lane_count(chunk_bytes, segment_bytes) if on_cpu else 1)
     window = min(SEGMENTS_IN_FLIGHT, len(lanes))  # <= lanes: a lane's steps never overlap
     slots = _scratch_slots(flat, plan, lanes[0], window, reuse=on_cpu)  # lane 0 is the largest
+    scaling = _LazyDivision(divisor, lanes)
     in_flight: deque[_Posted] = deque()
     # Completed batches stay referenced until the next batch is posted: dropping a gloo
     # work object can block on the transport, and the peers should not wait for that
@@ -110,20 +122,56 @@ def run_schedule(
     phase = None
     for index, step in enumerate(plan):
         if step.phase != phase:
-            _drain(in_flight, retired, schedule, plan, observer, chunk_bytes)
+            _drain(in_flight, retired, schedule, plan, observer, chunk_bytes, scaling)
             phase = step.phase
             observer.on_phase(phase)
         for lane_index, lane in enumerate(lanes):
             if len(in_flight) == window:
-                retired.append(_complete(in_flight.popleft(), schedule, plan, observer, chunk_bytes))
+                retired.append(_complete(in_flight.popleft(), schedule, plan, observer, chunk_bytes, scaling))
             in_flight.append(
-                _post(index, step, lane, slots[posted % window], group, ends_step=lane_index == len(lanes) - 1)
+                _post(index, step, lane, slots[posted % window], group, scaling, ends_step=lane_index == len(lanes) - 1)
             )
             retired.clear()
             posted += 1
-    _drain(in_flight, retired, schedule, plan, observer, chunk_bytes)
+    _drain(in_flight, retired, schedule, plan, observer, chunk_bytes, scaling)
+    scaling.finish()
     observer.on_finish()
     return flat
+
+
+class _LazyDivision:
+    """Divides each chunk segment by ``divisor`` exactly once, at its first use (see above)."""
+
+    def __init__(self, divisor: int, lanes: Sequence[Sequence[torch.Tensor]]) -> None:
+        segments = [segment for lane in lanes for segment in lane if segment.numel()]
+        self._pending = {s.data_ptr(): s for s in segments} if divisor != 1 else {}
+        # On CPU, dividing by a 0-dim tensor takes the vectorized kernel (2.6x faster than by a
+        # Python number, measured) and lets addcdiv fuse divide-and-add. On CUDA a tensor
+        # divisor would be copied from the host, so there it stays a number.
+        on_cpu = bool(segments) and segments[0].device.type == "cpu"
+        self._by = torch.tensor(divisor, dtype=segments[0].dtype) if self._pending and on_cpu else divisor
+
+    def before_send(self, segment: torch.Tensor) -> None:
+        if self._pending.pop(segment.data_ptr(), None) is not None:
+            segment.div_(self._by)
+
+    def reduce(self, segment: torch.Tensor, received: torch.Tensor) -> None:
+        if self._pending.pop(segment.data_ptr(), None) is None:
+            segment.add_(received)
+        elif isinstance(self._by, torch.Tensor):
+            torch.addcdiv(received, segment, self._by, out=segment)
+        else:
+            segment.div_(self._by).add_(received)
+
+    def overwritten(self, segment: torch.Tensor) -> None:
+        """A copy replaced the segment: what it holds now is already scaled."""
+        self._pending.pop(segment.data_ptr(), None)
+
+    def finish(self) -> None:
+        """Divide what no step touched (a schedule where a rank never uses some chunk)."""
+        for segment in self._pending.values():
+            segment.div_(self._by)
+        self._pending.clear()
 
 
 def _lane_count(chunk_bytes: Sequence[int], segment_bytes: int | None) -> int:
@@ -144,6 +192,7 @@ def _post(
     lane: Sequence[torch.Tensor],
     scratch: torch.Tensor,
     group: dist.ProcessGroup | None,
+    scaling: _LazyDivision,
     *,
     ends_step: bool,
 ) -> _Posted:
@@ -154,6 +203,7 @@ def _post(
     offset = 0
     for send in step.sends:
         if lane[send.chunk].numel():
+            scaling.before_send(lane[send.chunk])
             ops.append(dist.P2POp(dist.isend, lane[send.chunk], group=group, group_peer=send.peer))
     for receive in step.receives:
         segment = lane[receive.chunk]
@@ -176,6 +226,7 @@ def _complete(
     plan: Sequence[RankStep],
     observer: ExecutionObserver,
     chunk_bytes: Sequence[int],
+    scaling: _LazyDivision,
 ) -> _Posted:
     """Wait for a posted batch, then apply what it received; return the batch."""
     try:
@@ -188,17 +239,19 @@ def _complete(
         ) from error
     for segment, buffer, op in posted.landings:
         if op is Op.REDUCE:
-            segment.add_(buffer)
-        elif buffer.data_ptr() != segment.data_ptr():
-            segment.copy_(buffer)
+            scaling.reduce(segment, buffer)
+        else:
+            scaling.overwritten(segment)
+            if buffer.data_ptr() != segment.data_ptr():
+                segment.copy_(buffer)
     if posted.ends_step:
         observer.on_step(posted.index, plan[posted.index], chunk_bytes)
     return posted
 
 
-def _drain(in_flight: deque[_Posted], retired: list[_Posted], schedule, plan, observer, chunk_bytes) -> None:
+def _drain(in_flight: deque[_Posted], retired: list[_Posted], schedule, plan, observer, chunk_bytes, scaling) -> None:
     while in_flight:
-        retired.append(_complete(in_flight.popleft(), schedule, plan, observer, chunk_bytes))
+        retired.append(_complete(in_flight.popleft(), schedule, plan, observer, chunk_bytes, scaling))
 
 
 def _scratch_slots(

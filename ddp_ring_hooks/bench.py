@@ -31,6 +31,7 @@ turn, so a burst of noise on a shared machine hits every algorithm alike::
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -42,6 +43,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from .cost_model import Calibration, fit_per_algorithm
+from .hooks.auto import AUTO, AutoSelector
 from .runtime import all_reduce
 from .schedules import ALGORITHMS
 
@@ -132,14 +135,15 @@ def run_sweep(
     Args:
         sizes: message sizes in bytes (rounded down to whole elements; sizes smaller than
             one element are measured as one element).
-        algorithms: names from :data:`ddp_ring_hooks.ALGORITHMS` and ``"native"``; default: all.
+        algorithms: names from :data:`ddp_ring_hooks.ALGORITHMS`, ``"auto"`` (probes once, then
+            picks per size like the hook) and ``"native"``; default: all.
         options: per algorithm, options for its schedule builder (``{"hierarchical": {"local_size": 2}}``).
         progress: show a tqdm bar (pass ``True`` on one rank only).
 
     Returns one record per (algorithm, size), sizes ascending, in the order of ``algorithms``
     within a size; every rank gets the same records.
     """
-    algorithms = list(algorithms) if algorithms is not None else [*ALGORITHMS, NATIVE]
+    algorithms = list(algorithms) if algorithms is not None else [*ALGORITHMS, AUTO, NATIVE]
     check_algorithms(algorithms)
     if warmup < 0 or iters < 1 or rounds < 1:
         raise ValueError(f"need warmup >= 0, iters >= 1 and rounds >= 1; got {warmup}, {iters}, {rounds}")
@@ -147,6 +151,7 @@ def run_sweep(
     sizes = list(sizes)
     world_size = dist.get_world_size(group)
     element_size = torch.empty((), dtype=dtype).element_size()
+    callers = _callers(algorithms, group, options)
     bar = _progress_bar(len(sizes) * rounds * len(algorithms), enabled=progress)
     records = []
     for nbytes in sizes:
@@ -156,7 +161,7 @@ def run_sweep(
         wrong: dict[str, int] = {}
         for _ in range(rounds):
             for name in algorithms:
-                call = _caller(name, group, options.get(name, {}))
+                call = callers[name]
                 buffer = inputs.clone()
                 call(buffer)
                 if name not in wrong:
@@ -182,19 +187,49 @@ def run_sweep(
 
 def check_algorithms(algorithms: Sequence[str]) -> None:
     """Raise ``ValueError`` naming the known algorithms if one of ``algorithms`` is unknown."""
-    unknown = [name for name in algorithms if name not in ALGORITHMS and name != NATIVE]
+    unknown = [name for name in algorithms if name not in ALGORITHMS and name not in (AUTO, NATIVE)]
     if unknown:
         raise ValueError(
-            f"unknown algorithm(s) {', '.join(map(repr, unknown))}; choose from {', '.join([*ALGORITHMS, NATIVE])}"
+            f"unknown algorithm(s) {', '.join(map(repr, unknown))}; choose from {', '.join([*ALGORITHMS, AUTO, NATIVE])}"
         )
     if not algorithms:
         raise ValueError("no algorithm to benchmark; name at least one")
 
 
-def _caller(name: str, group, options: Mapping):
-    if name == NATIVE:
-        return lambda buffer: dist.all_reduce(buffer, group=group)
-    return lambda buffer: all_reduce(buffer, algorithm=name, group=group, **options)
+def _callers(algorithms: Sequence[str], group, options: Mapping[str, Mapping]) -> dict:
+    """One ``call(buffer)`` per algorithm; ``auto`` probes and calibrates here, once."""
+    callers = {}
+    for name in algorithms:
+        if name == NATIVE:
+            callers[name] = lambda buffer: dist.all_reduce(buffer, group=group)
+        elif name == AUTO:
+            callers[name] = _auto_caller(AutoSelector.probed(group, **options.get(name, {})), group)
+        else:
+            callers[name] = functools.partial(all_reduce, algorithm=name, group=group, **options.get(name, {}))
+    return callers
+
+
+def _auto_caller(selector: AutoSelector, group):
+    def call(buffer: torch.Tensor) -> torch.Tensor:
+        algorithm, schedule_options = selector.choose(buffer.numel() * buffer.element_size())
+        return all_reduce(buffer, algorithm=algorithm, group=group, **schedule_options)
+
+    return call
+
+
+def model_errors(records: Sequence[BenchRecord]) -> dict[str, tuple[Calibration, float]]:
+    """Per algorithm with a formula: the α, β fitted to its records and the median relative
+    error of the fitted model over them, ``|predicted - measured| / measured``."""
+    mine = [r.as_dict() for r in records if r.algorithm in ALGORITHMS]
+    errors = {}
+    for algorithm, calibration in fit_per_algorithm(mine).items():
+        relative = [
+            abs(calibration.predict(algorithm, r["nbytes"], r["world_size"]) - r["time_us"] * 1e-6) / (r["time_us"] * 1e-6)
+            for r in mine
+            if r["algorithm"] == algorithm
+        ]
+        errors[algorithm] = (calibration, statistics.median(relative))
+    return errors
 
 
 def _make_inputs(count: int, dtype: torch.dtype, device, group):

@@ -45,16 +45,18 @@ def test_bench_command_writes_checked_records_and_a_plot(tmp_path):
     json_path, plot_path = tmp_path / "bench.json", tmp_path / "bench.png"
     command = [
         sys.executable, "-m", "ddp_ring_hooks", "bench", "--nproc", "2", "-b", "4K", "-e", "64K", "-f", "16",
-        "-w", "1", "-n", "2", "--algorithms", "ring,native", "--json", str(json_path), "--plot", str(plot_path),
+        "-w", "1", "-n", "2", "--algorithms", "ring,auto,native", "--json", str(json_path), "--plot", str(plot_path),
         "--no-progress", "--timeout", "120",
     ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "busbw(GB/s)" in done.stdout and "Out of bounds values: 0 OK" in done.stdout
+    fitted = [line for line in done.stdout.splitlines() if line.startswith("#   ring ")]
+    assert len(fitted) == 1 and "median |predicted - measured| / measured" in fitted[0]
 
     records = json.loads(json_path.read_text())
     assert {(r["algorithm"], r["nbytes"]) for r in records} == {
-        (name, size) for name in ("ring", "native") for size in (4096, 65536)
+        (name, size) for name in ("ring", "auto", "native") for size in (4096, 65536)
     }
     for r in records:
         assert {"algorithm", "world_size", "nbytes", "time_us", "algbw_GBps", "busbw_GBps", "wrong"} <= r.keys()
@@ -168,6 +170,24 @@ def test_sizes_read_and_sweep_like_nccl_tests():
         size_sweep(begin=4, end=8, factor=1)
     with pytest.raises(ValueError, match="4096, 4K"):
         parse_size("4Q")
+
+
+def test_model_errors_fit_each_algorithm_to_its_own_records():
+    from ddp_ring_hooks.bench import model_errors
+    from ddp_ring_hooks.cost_model import predict
+
+    alpha, beta = 300e-6, 1e-9
+    records = [
+        BenchRecord(algorithm=a, world_size=4, nbytes=n, count=n // 4, dtype="float32", wrong=0,
+                    time_us=predict(a, n, 4, alpha=alpha, beta=beta) * 1e6 * noise, algbw_GBps=0.0, busbw_GBps=0.0)
+        for a in ("ring", "tree") for n, noise in ((4096, 1.0), (1 << 20, 1.1), (1 << 24, 0.95), (1 << 26, 1.0))
+    ] + [BenchRecord(algorithm="native", world_size=4, nbytes=4096, count=1024, dtype="float32", wrong=0,
+                     time_us=1.0, algbw_GBps=0.0, busbw_GBps=0.0)]
+    errors = model_errors(records)
+    assert set(errors) == {"ring", "tree"}  # native has no formula to fit
+    for calibration, median_error in errors.values():
+        assert median_error < 0.06
+        assert calibration.alpha == pytest.approx(alpha, rel=0.3) and calibration.beta == pytest.approx(beta, rel=0.1)
 
 
 def test_table_and_ratios_follow_the_definitions():

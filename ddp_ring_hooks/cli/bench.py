@@ -47,9 +47,9 @@ def add_parser(subparsers) -> None:
                             "use 5 or more on a shared machine (default: 1)")
     sweep.add_argument("-d", "--datatype", default="float", choices=sorted(bench.DTYPES), metavar="TYPE",
                        help=f"element type: {', '.join(sorted(bench.DTYPES))} (default: float)")
-    sweep.add_argument("--algorithms", default=",".join([*ALGORITHMS, bench.NATIVE]), metavar="A,B,...",
-                       help="comma-separated algorithms; 'native' is dist.all_reduce "
-                            f"(default: {','.join([*ALGORITHMS, bench.NATIVE])})")
+    sweep.add_argument("--algorithms", default=",".join([*ALGORITHMS, bench.AUTO, bench.NATIVE]), metavar="A,B,...",
+                       help="comma-separated algorithms; 'auto' probes once and then picks per size like the "
+                            "hook's algorithm='auto'; 'native' is dist.all_reduce (default: all of them)")
     ranks = parser.add_argument_group("ranks")
     ranks.add_argument("--nproc", type=int, default=2, metavar="N",
                        help="local gloo ranks to spawn when not under torchrun (default: 2); "
@@ -111,6 +111,14 @@ def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[
     if rank != 0:
         return wrong
     sys.stdout.write(bench.format_table(records))
+    fitted = bench.model_errors(records)
+    if fitted:
+        print("# alpha-beta model fitted per algorithm to these times (ddp_ring_hooks.cost_model):")
+        for algorithm, (calibration, error) in fitted.items():
+            print(
+                f"#   {algorithm:<17} alpha {calibration.alpha * 1e6:8.1f} us  beta {calibration.beta * 1e9:7.3f} ns/B"
+                f"  median |predicted - measured| / measured {error:6.1%}"
+            )
     if args.json:
         bench.write_json(records, args.json)
         print(f"# wrote {len(records)} records to {args.json}")

@@ -23,6 +23,7 @@ logger. Ties go to the algorithm listed first in ``ALGORITHMS``.
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Mapping
 
@@ -38,6 +39,8 @@ AUTO = "auto"
 
 #: Bytes per rank of the probe's all-reduces: latency-bound, middle, bandwidth-bound.
 PROBE_SIZES = (1024, 128 * 1024, 2 * 1024 * 1024)
+#: Calls timed back to back in one probe block (see :func:`_time_all_reduce`).
+CALLS_PER_BLOCK = 3
 
 logger = logging.getLogger("ddp_ring_hooks.auto")
 
@@ -48,7 +51,7 @@ def calibrate(
     candidates: tuple[str, ...] = ("ring",),
     options: Mapping[str, Mapping] | None = None,
     sizes: tuple[int, ...] = PROBE_SIZES,
-    repeats: int = 5,
+    repeats: int = 3,
 ) -> dict[str, Calibration]:
     """Time all-reduces of each candidate at ``sizes`` bytes on ``group``; fit α, β per candidate.
 
@@ -74,21 +77,27 @@ def calibrate(
 
 
 def _time_all_reduce(schedule, nbytes: int, group, device: torch.device, repeats: int) -> float:
-    """Fastest of ``repeats`` runs of ``schedule`` on ``nbytes``, after one warm-up.
+    """Seconds per all-reduce of ``nbytes``, measured the way the benchmark measures it.
 
-    The fastest, not the median: on a busy host noise only ever adds time, and what tells the
-    algorithms apart is what each costs when it gets the machine.
+    After one warm-up, ``repeats`` blocks of :data:`CALLS_PER_BLOCK` calls, each block started
+    by a barrier; a block counts for its slowest rank (an all-reduce is over when the last
+    rank is done), and the median block is the answer. Timing rank 0 alone would reward
+    algorithms that finish early on rank 0 and make the choice disagree with the benchmark.
     """
     buffer = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
     run_schedule(schedule, buffer, group=group)  # warm-up: connections, allocator
-    times = []
+    blocks = []
     for _ in range(repeats):
+        dist.barrier(group=group)
         _synchronize(device)
         start = time.perf_counter()
-        run_schedule(schedule, buffer, group=group)
+        for _ in range(CALLS_PER_BLOCK):
+            run_schedule(schedule, buffer, group=group)
         _synchronize(device)
-        times.append(time.perf_counter() - start)
-    return min(times)
+        blocks.append((time.perf_counter() - start) / CALLS_PER_BLOCK)
+    slowest = torch.tensor(blocks, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    return statistics.median(slowest.tolist())
 
 
 class AutoSelector:

@@ -21,13 +21,13 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import ddp_ring_hooks
+from mlp_steps import build_mlp_ddp, time_steps
 from ddp_ring_hooks.launch import run_on_ranks, under_torchrun
 
 TARGET = 1.05
@@ -64,33 +64,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def build_model(args: argparse.Namespace) -> DistributedDataParallel:
-    torch.manual_seed(0)  # both arms start from the same weights
-    layers: list[torch.nn.Module] = []
-    for _ in range(args.layers):
-        layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
-    return DistributedDataParallel(torch.nn.Sequential(*layers), bucket_cap_mb=args.bucket_cap_mb)
-
-
-def time_block(model, optimizer, inputs, steps: int) -> tuple[float, float]:
-    """Wall and CPU milliseconds per step of ``steps`` DDP steps, on the slowest rank.
-
-    CPU time counts every thread of the process (the hook's worker and gloo's threads too):
-    it shows the extra work an arm costs, which is what slows it when ranks share cores.
-    """
-    dist.barrier()
-    began, began_cpu = time.perf_counter(), time.process_time()
-    for _ in range(steps):
-        model(inputs).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    elapsed = torch.tensor(
-        [time.perf_counter() - began, time.process_time() - began_cpu], dtype=torch.float64
-    ) * (1e3 / steps)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed[0]), float(elapsed[1])
-
-
 def count_buckets(model: DistributedDataParallel) -> int:
     # DDP has no public bucket count; the reducer's bucket list is the ground truth.
     return len(model.reducer._get_zeros_like_grad_buckets())
@@ -101,12 +74,12 @@ def measure(args: argparse.Namespace) -> dict:
     rank = dist.get_rank()
     arms = {}
     for name in ("default", args.algorithm):
-        model = build_model(args)
+        model = build_mlp_ddp(layers=args.layers, width=args.width, bucket_cap_mb=args.bucket_cap_mb)
         state = ddp_ring_hooks.register(model, algorithm=args.algorithm) if name != "default" else None
         arms[name] = (model, torch.optim.SGD(model.parameters(), lr=1e-3), state)
     inputs = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(rank))
     for model, optimizer, _ in arms.values():
-        time_block(model, optimizer, inputs, args.warmup)
+        time_steps(model, optimizer, inputs, args.warmup)
     rounds = range(args.rounds)
     if rank == 0:
         try:
@@ -118,7 +91,7 @@ def measure(args: argparse.Namespace) -> dict:
     default_ms, hook_ms, ratios, cpu_ratios = [], [], [], []
     for index in rounds:
         order = ("default", args.algorithm) if index % 2 == 0 else (args.algorithm, "default")
-        times = {name: time_block(*arms[name][:2], inputs, args.steps) for name in order}
+        times = {name: time_steps(*arms[name][:2], inputs, args.steps) for name in order}
         default_ms.append(times["default"][0])
         hook_ms.append(times[args.algorithm][0])
         ratios.append(times[args.algorithm][0] / times["default"][0])

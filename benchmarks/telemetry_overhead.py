@@ -18,13 +18,12 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 import ddp_ring_hooks
+from mlp_steps import build_mlp_ddp, time_steps
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -37,34 +36,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=64, help="samples per rank per step (default: 64)")
     parser.add_argument("--bucket-cap-mb", type=float, default=4.0, help="DDP bucket size in MiB (default: 4)")
     return parser.parse_args(argv)
-
-
-def build_model(args: argparse.Namespace) -> DistributedDataParallel:
-    torch.manual_seed(0)
-    layers: list[torch.nn.Module] = []
-    for _ in range(args.layers):
-        layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
-    return DistributedDataParallel(torch.nn.Sequential(*layers), bucket_cap_mb=args.bucket_cap_mb)
-
-
-def run_block(model, optimizer, inputs, steps: int, telemetry) -> tuple[float, float]:
-    """Wall and CPU ms per step of ``steps`` DDP steps, plus the telemetry flush (conservative).
-
-    CPU time counts every thread of the process (the writer thread too) and is less
-    disturbed by other programs on a busy machine than wall time.
-    """
-    dist.barrier()
-    began, began_cpu = time.perf_counter(), time.process_time()
-    for _ in range(steps):
-        model(inputs).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    telemetry.flush()  # charge the writer's backlog of this block to this block
-    elapsed = torch.tensor(
-        [time.perf_counter() - began, time.process_time() - began_cpu], dtype=torch.float64
-    ) * (1e3 / steps)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank decides
-    return float(elapsed[0]), float(elapsed[1])
 
 
 def main(argv=None) -> int:
@@ -83,18 +54,18 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as log_dir:
         arms = {}
         for telemetry in (False, True):
-            model = build_model(args)
+            model = build_mlp_ddp(layers=args.layers, width=args.width, bucket_cap_mb=args.bucket_cap_mb)
             state = ddp_ring_hooks.register(model, **({"log_dir": log_dir, "log_every": 1} if telemetry else {}))
             arms[telemetry] = (model, torch.optim.SGD(model.parameters(), lr=1e-3), state)
         inputs = torch.randn(args.batch, args.width)
         for telemetry, (model, optimizer, state) in arms.items():
-            run_block(model, optimizer, inputs, args.warmup, state.telemetry)
+            time_steps(model, optimizer, inputs, args.warmup, before_stop=state.telemetry.flush)
         for round_index in rounds:
             order = (False, True) if round_index % 2 == 0 else (True, False)
             wall, cpu = {}, {}
             for telemetry in order:
                 model, optimizer, state = arms[telemetry]
-                wall[telemetry], cpu[telemetry] = run_block(model, optimizer, inputs, args.steps, state.telemetry)
+                wall[telemetry], cpu[telemetry] = time_steps(model, optimizer, inputs, args.steps, before_stop=state.telemetry.flush)
             off_ms.append(wall[False])
             on_ms.append(wall[True])
             ratios.append(wall[True] / wall[False])

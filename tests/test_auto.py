@@ -13,7 +13,6 @@ import pickle
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_ring_hooks

@@ -47,6 +47,7 @@ from .cost_model import Calibration, fit_per_algorithm
 from .hooks.auto import AUTO, AutoSelector
 from .runtime import all_reduce
 from .schedules import ALGORITHMS
+from .telemetry.records import bandwidths_GBps
 
 #: ``dist.all_reduce`` (the backend's own algorithm): the baseline every sweep includes.
 NATIVE = "native"
@@ -112,11 +113,6 @@ def size_sweep(*, begin: int, end: int, factor: int = 2) -> list[int]:
     return sizes
 
 
-def bus_factor(world_size: int) -> float:
-    """busbw / algbw for all-reduce: ``2(p - 1)/p`` (nccl-tests), 0 for a single rank."""
-    return 2 * (world_size - 1) / world_size
-
-
 def run_sweep(
     sizes: Iterable[int],
     *,
@@ -172,12 +168,12 @@ def run_sweep(
                     bar.update()
         for name in algorithms:
             seconds = statistics.median(times[name])
-            algbw = count * element_size / seconds / 1e9
+            algbw, busbw = bandwidths_GBps(count * element_size, seconds * 1e3, world_size)
             records.append(
                 BenchRecord(
                     algorithm=name, world_size=world_size, nbytes=count * element_size, count=count,
                     dtype=str(dtype).removeprefix("torch."), time_us=seconds * 1e6,
-                    algbw_GBps=algbw, busbw_GBps=algbw * bus_factor(world_size), wrong=wrong[name],
+                    algbw_GBps=algbw, busbw_GBps=busbw, wrong=wrong[name],
                 )
             )
     if bar is not None:

@@ -27,11 +27,12 @@ import torch.distributed as dist
 
 from ddp_ring_hooks import ALGORITHMS
 from ddp_ring_hooks.bench import (
-    BenchRecord, bus_factor, busbw_ratios, format_size, format_table, parse_size, run_sweep, size_sweep,
+    BenchRecord, busbw_ratios, format_size, format_table, parse_size, run_sweep, size_sweep,
 )
 from ddp_ring_hooks.cli.__main__ import main as cli_main
 from ddp_ring_hooks.runtime import ExecutionObserver, run_schedule
 from ddp_ring_hooks.schedules import checked_schedule
+from ddp_ring_hooks.telemetry import all_reduce_bus_factor as bus_factor
 from tests._dist import run_ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

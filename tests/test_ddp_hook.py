@@ -139,3 +139,28 @@ def test_step_counting_pickling_failures_and_double_registration():
         assert result["restored_group_is_world"]
         assert "simulated link failure" in result["error"]
         assert "already has the communication hook 'ring_hook'" in result["twice"]
+
+
+def two_models_in_one_backward(rank: int, world_size: int) -> dict:
+    """Two DDP models on one group, both hooked, reduced by the same backward (GAN, distillation)."""
+    results = {}
+    for hooked in (True, False):
+        torch.manual_seed(0)
+        first, second = DDP(Net(), bucket_cap_mb=0.01), DDP(Net(), bucket_cap_mb=0.01)
+        if hooked:
+            states = [ddp_ring_hooks.register(first), ddp_ring_hooks.register(second)]
+        generator = torch.Generator().manual_seed(rank)
+        for _ in range(3):
+            x = torch.randn(8, 32, generator=generator)
+            (first(x).square().mean() + second(x).abs().mean()).backward()
+        results[hooked] = [p.grad.clone() for p in [*first.parameters(), *second.parameters()]]
+    assert states[0].iteration == states[1].iteration == 3
+    return results
+
+
+def test_two_hooked_models_share_one_worker_and_match_plain_ddp():
+    results = run_ranks(two_models_in_one_backward, 2, timeout=120)
+    for rank in range(2):
+        for ours, theirs, first in zip(results[rank][True], results[rank][False], results[0][True]):
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+            assert torch.equal(ours, first)

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[str]) -> int:
     """Run the sweep; rank 0 prints and writes the outputs. Returns the wrong values' count."""
     rank = dist.get_rank()
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in dist.get_backend() else torch.device("cpu")
     dtype = bench.DTYPES[args.datatype]
     world_size = dist.get_world_size()
     if rank == 0:

@@ -9,7 +9,7 @@ How a bucket is reduced depends on the device:
 
 - CUDA (NCCL): inline on the autograd thread. Every send, receive and addition is enqueued on
   streams, and the Future is completed right away on the current stream: no host sync.
-- CPU (gloo): on the state's :class:`~ddp_ring_hooks.runtime.CommWorker`, so the autograd
+- CPU (gloo): on the group's :class:`~ddp_ring_hooks.runtime.CommWorker`, so the autograd
   thread goes on computing gradients of earlier layers while this bucket travels.
 
 Either way the buffer is first divided by the group size, as PyTorch's ``allreduce_hook``
@@ -21,13 +21,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..runtime import CommWorker, ExecutionObserver, combine_observers, run_schedule
+from ..runtime import ExecutionObserver, combine_observers, run_schedule, worker_for
 from ..runtime.errors import CommunicationError, HookFailedError
-from ..schedules import ALGORITHMS, Schedule, checked_schedule
+from ..schedules import Schedule, checked_schedule
 from ..telemetry import Sink, Telemetry
 from .auto import AUTO, AutoSelector
 from .layout_check import BucketLayout, check_bucket_layout
-from .validation import validate_bucket, validate_group
+from .validation import check_algorithm_name, validate_bucket, validate_group
 
 
 class HookState:
@@ -65,8 +65,6 @@ class HookState:
         "algorithm_options",
         # Progress: optimizer steps seen (one DDP reduction each).
         "iteration",
-        # Runtime objects, rebuilt after unpickling.
-        "_worker",
         # Per-bucket timing; pickles its options only.
         "telemetry",
         # More watchers of every bucket's execution (e.g. a TraceRecorder); not pickled.
@@ -77,6 +75,7 @@ class HookState:
         # bucket (DDP hands them over in order), the first communication failure (the group
         # is unusable after it, so later buckets fail at once instead of waiting).
         "check_layout_steps",
+        "_reductions_here",
         "_bucket_index",
         "_failure",
     )
@@ -99,18 +98,17 @@ class HookState:
     ) -> None:
         if not isinstance(check_layout_steps, int) or check_layout_steps < 0:
             raise ValueError(f"check_layout_steps must be an integer >= 0, got {check_layout_steps!r}")
-        if algorithm != AUTO and algorithm not in ALGORITHMS:
-            raise ValueError(
-                f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}, or {AUTO}"
-            )
+        check_algorithm_name(algorithm)
         self.process_group = process_group
         self.algorithm = algorithm
         self.algorithm_options = dict(algorithm_options)
         self.iteration = 0
         self.check_layout_steps = check_layout_steps
+        # Reductions run by this process, not restored from a checkpoint: a resumed run
+        # rebuilds its buckets and must check their layout again.
+        self._reductions_here = 0
         self._bucket_index = 0
         self._failure: CommunicationError | None = None
-        self._worker = CommWorker()
         self._auto = AutoSelector.probed(self.group, **algorithm_options) if algorithm == AUTO else None
         if telemetry is not None and (log_dir is not None or trace_steps is not None or sinks):
             raise ValueError(
@@ -148,7 +146,7 @@ class HookState:
         """Average ``buffer`` over the group in place; the Future holds ``buffer``."""
         validate_bucket(buffer)
         bucket, self._bucket_index = self._bucket_index, 0 if is_last else self._bucket_index + 1
-        if self.iteration < self.check_layout_steps:
+        if self._reductions_here < self.check_layout_steps:
             validate_group(self.process_group)
             check_bucket_layout(
                 BucketLayout(bucket, buffer.numel(), buffer.dtype, is_last),
@@ -157,6 +155,7 @@ class HookState:
         step = self.iteration + 1  # the optimizer step this reduction belongs to
         if is_last:
             self.iteration += 1
+            self._reductions_here += 1
         schedule = self.schedule_for(buffer)
         # Taken now, on the hook thread: "handed over" starts queue_ms and exposed_ms.
         observer = combine_observers(
@@ -174,7 +173,7 @@ class HookState:
         job = lambda: self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration)  # noqa: E731
         # DDP reads a failed Python Future as a value ("Unable to cast ... to Tensor"); a
         # callback that re-raises turns it into a real error that keeps our message.
-        return self._worker.submit(job).then(_value_or_raise)
+        return worker_for(self.group).submit(job).then(_value_or_raise)
 
     def _average(
         self, schedule: Schedule, buffer: torch.Tensor, observer: ExecutionObserver
@@ -204,7 +203,7 @@ class HookState:
     def close(self) -> None:
         """Stop the worker thread after the queued buckets (it restarts on the next bucket),
         then write the queued telemetry and close its sinks. Safe to call twice."""
-        self._worker.close()
+        worker_for(self.group).close()
         self.telemetry.close()
 
     def summary(self) -> str:
@@ -215,7 +214,7 @@ class HookState:
 
     def __getstate__(self) -> dict:
         # Process groups and threads cannot be pickled; they are rebuilt on load.
-        skipped = {"process_group", "_worker", "_failure", "observers"}
+        skipped = {"process_group", "_failure", "observers", "_reductions_here", "_bucket_index"}
         return {name: getattr(self, name) for name in self.__slots__ if name not in skipped}
 
     def __setstate__(self, state: dict) -> None:
@@ -224,7 +223,7 @@ class HookState:
         self.process_group = None
         self._failure = None
         self.observers = ()
-        self._worker = CommWorker()
+        self._reductions_here = self._bucket_index = 0
 
 
 def _value_or_raise(future: torch.futures.Future) -> torch.Tensor:

@@ -73,6 +73,12 @@ def validate_group(group: dist.ProcessGroup | None) -> None:
         )
 
 
+def check_algorithm_name(algorithm: str) -> None:
+    """Refuse a name the hook does not know: a schedule builder's name or ``"auto"``."""
+    if algorithm != AUTO and algorithm not in BUILDERS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(BUILDERS)}, or {AUTO}")
+
+
 def validate_algorithm(algorithm: str, world_size: int, options: dict) -> Schedule:
     """Build and prove the schedule, turning a builder's complaint into a message with context."""
     if algorithm not in BUILDERS:

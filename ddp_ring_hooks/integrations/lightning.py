@@ -55,7 +55,7 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from torch.nn.parallel import DistributedDataParallel
 
 from ..hooks import HookState, register, ring_hook
-from ..schedules import ALGORITHMS
+from ..hooks.validation import check_algorithm_name
 from ..telemetry import Sink, TensorBoardSink
 
 STRATEGY_NAME = "ddp_ring"
@@ -74,7 +74,7 @@ class RingDDPStrategy(DDPStrategy):
     """``DDPStrategy`` whose gradients are averaged by :func:`~ddp_ring_hooks.ring_hook`.
 
     Args:
-        algorithm: the all-reduce algorithm, one of :data:`ddp_ring_hooks.ALGORITHMS`.
+        algorithm: the all-reduce algorithm, one of :data:`ddp_ring_hooks.ALGORITHMS`, or "auto".
         algorithm_options: options of that algorithm's schedule builder.
         log_dir, log_every, trace_steps, per_rank, spread_every, sinks: the hook's telemetry
             (see :func:`ddp_ring_hooks.register`); all off by default.
@@ -111,8 +111,7 @@ class RingDDPStrategy(DDPStrategy):
                     f"RingDDPStrategy attaches its own hook, so it cannot take {owned}=; drop it, "
                     "or use lightning's DDPStrategy to run a different hook"
                 )
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+        check_algorithm_name(algorithm)
         super().__init__(**kwargs)
         self.algorithm = algorithm
         self._algorithm_options = dict(algorithm_options or {})
@@ -123,16 +122,19 @@ class RingDDPStrategy(DDPStrategy):
             "per_rank": per_rank,
             "spread_every": spread_every,
         }
-        self._sinks = list(sinks)
+        self._sinks = tuple(sinks)
+        # Sinks added by callbacks (CommTimingLogger) for the current fit only: a second fit
+        # brings its own logger, so they are dropped at teardown.
+        self._fit_sinks: list[Sink] = []
         self.hook_state: HookState | None = None
         # What DDP itself reported right after the hook was attached (the model is unwrapped
         # again at teardown, so this keeps the proof).
         self.reported_comm_hook: str | None = None
 
     def add_sink(self, sink: Sink) -> None:
-        """Send the hook's telemetry records to ``sink`` too (before or after the hook exists)."""
+        """Send the hook's telemetry records to ``sink`` too, for this fit (before or after the hook exists)."""
         if self.hook_state is None:
-            self._sinks.append(sink)
+            self._fit_sinks.append(sink)
         else:
             self.hook_state.telemetry.add_sink(sink)
 
@@ -144,7 +146,7 @@ class RingDDPStrategy(DDPStrategy):
         self.hook_state = register(
             self.model,
             algorithm=self.algorithm,
-            sinks=tuple(self._sinks),
+            sinks=(*self._sinks, *self._fit_sinks),
             **self._telemetry_options,
             **self._algorithm_options,
         )
@@ -166,6 +168,7 @@ class RingDDPStrategy(DDPStrategy):
     def teardown(self) -> None:
         if self.hook_state is not None:
             self.hook_state.close()  # finish queued buckets and flush telemetry
+        self._fit_sinks.clear()
         super().teardown()
 
     @classmethod

@@ -6,6 +6,10 @@ overlap communication. Instead the hook hands each bucket to this worker and ret
 ``torch.futures.Future`` at once; the worker runs the jobs strictly first-in first-out (DDP
 hands buckets over in the same order on every rank, so every rank runs the same sequence),
 and completes each Future with the result or with the exception, which DDP then raises.
+
+There is one worker per process group (:func:`worker_for`): two hook states on the same group
+(two DDP models reduced in one backward, say) must not post point-to-point messages to the
+same peers from two threads at once, or a message could land in the other's receive.
 """
 
 from __future__ import annotations
@@ -67,3 +71,16 @@ class CommWorker:
                 future.set_exception(error)
             else:
                 future.set_result(result)
+
+
+_WORKERS: dict[object, CommWorker] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def worker_for(group: object) -> CommWorker:
+    """The worker shared by every job on ``group`` (a process group), made on first use."""
+    with _WORKERS_LOCK:
+        worker = _WORKERS.get(group)
+        if worker is None:
+            worker = _WORKERS[group] = CommWorker()
+        return worker

@@ -15,8 +15,7 @@ point-to-point operations.
 from __future__ import annotations
 
 import enum
-import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class Op(str, enum.Enum):
@@ -82,6 +81,10 @@ class Schedule:
     world_size: int
     num_chunks: int
     steps: tuple[Step, ...]
+    # A cache of plan_for, not part of the value: not compared, hashed, shown or copied.
+    _plans: dict[int, tuple[RankStep, ...]] = field(
+        default_factory=dict, init=False, compare=False, hash=False, repr=False
+    )
 
     @property
     def phases(self) -> tuple[tuple[str, int, int], ...]:
@@ -95,11 +98,18 @@ class Schedule:
         return tuple(runs)
 
     def plan_for(self, rank: int) -> tuple[RankStep, ...]:
-        """The steps as seen by ``rank``: per step, what it sends and what it receives."""
-        return _plan_for(self, rank)
+        """The steps as seen by ``rank``: per step, what it sends and what it receives.
+
+        Computed once per rank and kept on the schedule: the executor asks for it on every
+        bucket, and hashing a schedule of thousands of transfers per call would cost a
+        millisecond at 64 ranks.
+        """
+        plan = self._plans.get(rank)
+        if plan is None:
+            plan = self._plans.setdefault(rank, _plan_for(self, rank))
+        return plan
 
 
-@functools.lru_cache(maxsize=256)
 def _plan_for(schedule: Schedule, rank: int) -> tuple[RankStep, ...]:
     if not 0 <= rank < schedule.world_size:
         raise ValueError(f"rank {rank} is outside the schedule's world of {schedule.world_size} ranks")

@@ -21,11 +21,14 @@ steps); other steps cost one integer comparison. Rank 0 writes files by default;
 ``per_rank=True`` every rank writes to ``log_dir/rank_{r}``. Every rank keeps its own summary.
 
 Spread across ranks (``spread_every=N``): on every N-th step, right after the last bucket
-and before its Future completes, each rank's communication worker all-gathers a one-element
-CPU tensor (its step ``total_ms``) on the hook's group. Every rank runs it at the same step,
-in the same FIFO order as the buckets, and before backward ends, so no other collective of
-the training loop can interleave with it. CPU (gloo) only: on CUDA it would need the events
-resolved inside the step, so it is skipped there with a warning.
+and before its Future completes, each rank's communication worker gathers every rank's step
+``total_ms``. It does so with point-to-point messages (a ring all-reduce of a vector in which
+rank r fills slot r), not with a collective: DDP may start a collective of its own on the
+autograd thread at that moment (the unused-parameter map of ``find_unused_parameters``), and
+gloo numbers collectives in the order each process calls them, so a collective from this
+thread could pair with the wrong one. Point-to-point messages follow the buckets' own FIFO
+order. CPU (gloo) only: on CUDA it would need the events resolved inside the step, so it is
+skipped there with a warning.
 
 Telemetry never imports ``hooks``: the hook state calls it, not the other way round.
 """
@@ -45,6 +48,7 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 
+from ..runtime.all_reduce import all_reduce
 from ..runtime.observer import NULL_OBSERVER, ExecutionObserver
 from .records import BucketRecord, StepRecord, bandwidths_GBps
 from .sinks import Sink, SummaryTable, TensorBoardSink, TraceSink
@@ -247,10 +251,10 @@ class Telemetry:
                 warnings.warn("spread_every is CPU (gloo) only; skipped on CUDA", stacklevel=2)
             return ()
         total = sum(timer.elapsed_ms(b.start, b.end) for b in pending.buckets if b.end is not None)
-        mine = torch.tensor([total], dtype=torch.float64)
-        every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(every, mine, group=group)
-        return tuple(float(t) for t in every)
+        every = torch.zeros(dist.get_world_size(group), dtype=torch.float64)
+        every[dist.get_rank(group)] = total
+        all_reduce(every, group=group)  # a gather: every other slot is zero
+        return tuple(every.tolist())
 
     def _timer_for(self, buffer: torch.Tensor):
         if not buffer.is_cuda:
@@ -305,8 +309,18 @@ class Telemetry:
         self._closed = True
         writer = self._writer
         if writer is not None and writer.is_alive():
-            self._queue.put(_STOP, timeout=_CLOSE_TIMEOUT_S)
+            try:
+                self._queue.put(_STOP, timeout=_CLOSE_TIMEOUT_S)
+            except queue.Full:
+                pass  # the writer is stuck; the join below times out and says so
             writer.join(_CLOSE_TIMEOUT_S)
+            if writer.is_alive():
+                # Closing the sinks under a writer that may still use them could corrupt files.
+                warnings.warn(
+                    f"telemetry writer did not finish within {_CLOSE_TIMEOUT_S:.0f} s; its sinks are "
+                    "left open (the last steps may be missing)", stacklevel=2,
+                )
+                return
         for sink, _ in self._all_routes():
             try:
                 sink.close()

@@ -1,7 +1,7 @@
 """Run a schedule on a flat tensor with ``torch.distributed`` point-to-point operations.
 
-For each step of its plan, a rank posts all its sends and receives as one
-``batch_isend_irecv`` batch (so their order cannot deadlock), waits for them, then applies
+For each step of its plan, a rank posts all its sends and receives (on NCCL as one
+``batch_isend_irecv`` batch, so their order cannot deadlock), waits for them, then applies
 the receives: ``chunk += received`` for a reduce, ``chunk = received`` for a copy. Sends read
 the chunk as it was before the step, exactly as the schedule's in-memory replay assumes.
 
@@ -216,8 +216,29 @@ def _post(
             offset += segment.numel()
         ops.append(dist.P2POp(dist.irecv, buffer, group=group, group_peer=receive.peer))
         landings.append((segment, buffer, receive.op))
-    works = dist.batch_isend_irecv(ops) if ops else []
+    works = _start(ops)
     return _Posted(index, ops, works, landings, ends_step)
+
+
+def _start(ops: list[dist.P2POp]) -> list[dist.Work]:
+    """Start a step's sends and receives.
+
+    NCCL needs them as one ``batch_isend_irecv`` group, or a send posted before its peer's
+    receive could deadlock. gloo starts each operation asynchronously on its own, and the
+    batching machinery around them costs as much as the messages themselves (measured with 2
+    ranks: 216 µs instead of 121 µs per exchange of one element, 1.67 ms instead of 1.13 ms
+    for 1 MiB), so on CPU they are started one by one, in the same order on every rank.
+    """
+    if not ops:
+        return []
+    if ops[0].tensor.is_cuda:
+        return dist.batch_isend_irecv(ops)
+    return [
+        dist.isend(op.tensor, group=op.group, group_dst=op.group_peer)
+        if op.op is dist.isend
+        else dist.irecv(op.tensor, group=op.group, group_src=op.group_peer)
+        for op in ops
+    ]
 
 
 def _complete(

@@ -45,11 +45,6 @@ class CommWorker:
             self._jobs.put((job, future))
         return future
 
-    @property
-    def alive(self) -> bool:
-        """Whether the thread is running."""
-        return self._thread is not None and self._thread.is_alive()
-
     def close(self, timeout: float | None = None) -> None:
         """Finish the queued jobs, then stop the thread (a later submit starts a new one)."""
         with self._lock:

@@ -152,7 +152,8 @@ class HookState:
                 BucketLayout(bucket, buffer.numel(), buffer.dtype, is_last),
                 group=self.group, device=buffer.device, iteration=self.iteration,
             )
-        step = self.iteration + 1  # the optimizer step this reduction belongs to
+        iteration = self.iteration  # reductions done before this one
+        step = iteration + 1  # the optimizer step this reduction belongs to
         if is_last:
             self.iteration += 1
             self._reductions_here += 1
@@ -164,7 +165,6 @@ class HookState:
             ),
             *self.observers,
         )
-        iteration = step - 1
         if buffer.is_cuda:
             self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration)
             future = torch.futures.Future(devices=[buffer.device])

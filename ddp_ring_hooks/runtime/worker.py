@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -68,7 +69,9 @@ class CommWorker:
                 future.set_result(result)
 
 
-_WORKERS: dict[object, CommWorker] = {}
+# Weak keys: holding a process group here would keep it alive past destroy_process_group, and
+# a gloo group destroyed only at interpreter shutdown can abort the process.
+_WORKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _WORKERS_LOCK = threading.Lock()
 
 

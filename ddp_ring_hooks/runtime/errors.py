@@ -15,12 +15,6 @@ checkpoint (``torchrun --max-restarts=N`` does it automatically).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import torch.distributed as dist
-
-from ..schedules import RankStep, Schedule
-
 #: What the user should do after a failed step; shared by every message so they read alike.
 RECOVERY_ADVICE = (
     "A peer process has probably died or hung: look for the first rank that failed. The process "
@@ -78,37 +72,6 @@ class StepFailedError(CommunicationError):
         return (
             f"step {self.step_index + 1}/{self.num_steps} ({self.phase}) of the {self.algorithm} "
             f"all-reduce failed on rank {self.rank} waiting to {self.direction} {peer}"
-        )
-
-    @classmethod
-    def from_wait(
-        cls,
-        error: BaseException,
-        *,
-        schedule: Schedule,
-        step_index: int,
-        step: RankStep,
-        ops: Sequence[dist.P2POp],
-        works: Sequence[dist.Work],
-        failed: dist.Work,
-    ) -> StepFailedError:
-        """Describe ``error``, raised by ``failed.wait()``; ``works`` came from ``ops``.
-
-        When the backend coalesced the batch into fewer works than ops (NCCL may), the failed
-        transfer is unknown and the step's first transfer stands for it.
-        """
-        position = [id(work) for work in works].index(id(failed)) if len(works) == len(ops) else 0
-        op = ops[position]
-        return cls(
-            algorithm=schedule.algorithm,
-            rank=dist.get_rank(op.group),
-            step_index=step_index,
-            num_steps=len(schedule.steps),
-            phase=step.phase,
-            direction="receive from" if op.op is dist.irecv else "send to",
-            peer=op.group_peer,
-            global_peer=op.peer,
-            cause=str(error).strip(),
         )
 
 

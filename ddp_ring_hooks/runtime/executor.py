@@ -1,12 +1,16 @@
 """Run a schedule on a flat tensor with ``torch.distributed`` point-to-point operations.
 
+Everything that depends only on the schedule, the rank and the buffer's size (which chunk
+goes where, which receive lands in scratch, where a division is fused) is compiled once into
+a :class:`~ddp_ring_hooks.runtime.program.Program` and cached; a call walks its events.
+
 For each step of its plan, a rank posts all its sends and receives (on NCCL as one
 ``batch_isend_irecv`` batch, so their order cannot deadlock), waits for them, then applies
 the receives: ``chunk += received`` for a reduce, ``chunk = received`` for a copy. Sends read
 the chunk as it was before the step, exactly as the schedule's in-memory replay assumes.
 
-- Chunks are ``flat.tensor_split(num_chunks)`` views: any element count works, uneven tails
-  are allowed, and empty chunks send nothing (both ends know the sizes, so they agree).
+- Chunks are cut like ``flat.tensor_split(num_chunks)``: any element count works, uneven
+  tails are allowed, and empty chunks send nothing (both ends know the sizes, so they agree).
 - A copy lands directly in the chunk; a reduce lands in a scratch buffer first.
 - Reductions happen in the buffer's own dtype, as NCCL does.
 - ``divisor`` averages instead of summing: each rank's contribution is divided by it *before*
@@ -17,8 +21,9 @@ the chunk as it was before the step, exactly as the schedule's in-memory replay 
   gradients into the bucket: a separate pass over the whole bucket costs ~5% of a step.
 - On CUDA with NCCL, ``wait()`` only makes the current stream wait for the NCCL stream and the
   additions are enqueued on the current stream: the host is never blocked.
-- The schedule's ranks are ranks *of the group*; ``group_peer`` lets torch map them to
-  global ranks, so subgroups from ``dist.new_group`` work.
+- The schedule's ranks are ranks *of the group*, which is what the group's own
+  ``send``/``recv`` (and ``P2POp(group_peer=...)`` on NCCL) take, so subgroups from
+  ``dist.new_group`` work.
 
 Pipelining on CPU (gloo). Done one step at a time, a rank idles on the network while it adds,
 and adds nothing while bytes move. So on CPU every chunk bigger than :data:`SEGMENT_BYTES` is
@@ -46,32 +51,20 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..schedules import Op, RankStep, Schedule
+from ..schedules import Op, Schedule
 from .errors import StepFailedError
 from .observer import NULL_OBSERVER, ExecutionObserver
+from .program import Complete, Message, Post, Program, Unit, chunk_sizes, program_for
 
 #: On CPU, chunks larger than this are cut into segments that are pipelined (see above).
 #: Big enough that the cost per message (a wake-up of two threads) stays small on a busy host.
 SEGMENT_BYTES = 4 << 20
 #: How many segment transfers a rank keeps posted on CPU while it adds the earlier ones.
 SEGMENTS_IN_FLIGHT = 2
-
-
-@dataclass(frozen=True, slots=True)
-class _Posted:
-    """One lane's share of one step, posted and not yet applied."""
-
-    index: int  # the step's index in the plan
-    ops: list[dist.P2POp]
-    works: list[dist.Work]
-    landings: list[tuple[torch.Tensor, torch.Tensor, Op]]  # (chunk segment, buffer, op)
-    ends_step: bool  # the step's last lane: the step is done once this is applied
 
 
 def run_schedule(
@@ -105,187 +98,144 @@ def run_schedule(
             flat.div_(divisor)
         observer.on_finish()
         return flat
-    plan = schedule.plan_for(dist.get_rank(group))
-    chunks = flat.tensor_split(schedule.num_chunks)
-    chunk_bytes = [c.numel() * c.element_size() for c in chunks]
     on_cpu = flat.device.type == "cpu"
-    lanes = _split_into_lanes(chunks, _lane_count(chunk_bytes, segment_bytes) if on_cpu else 1)
-    window = min(SEGMENTS_IN_FLIGHT, len(lanes))  # <= lanes: a lane's steps never overlap
-    slots = _scratch_slots(flat, plan, lanes[0], window, reuse=on_cpu)  # lane 0 is the largest
-    scaling = _LazyDivision(divisor, lanes)
-    in_flight: deque[_Posted] = deque()
-    # Completed batches stay referenced until the next batch is posted: dropping a gloo
-    # work object can block on the transport, and the peers should not wait for that
-    # (measured: 4 ranks x 64 KB took 30 ms per call instead of 10 ms).
-    retired: list[_Posted] = []
-    posted = 0
-    phase = None
-    for index, step in enumerate(plan):
-        if step.phase != phase:
-            _drain(in_flight, retired, schedule, plan, observer, chunk_bytes, scaling)
-            phase = step.phase
-            observer.on_phase(phase)
-        for lane_index, lane in enumerate(lanes):
-            if len(in_flight) == window:
-                retired.append(_complete(in_flight.popleft(), schedule, plan, observer, chunk_bytes, scaling))
-            in_flight.append(
-                _post(index, step, lane, slots[posted % window], group, scaling, ends_step=lane_index == len(lanes) - 1)
-            )
-            retired.clear()
-            posted += 1
-    _drain(in_flight, retired, schedule, plan, observer, chunk_bytes, scaling)
-    scaling.finish()
+    lanes = _lane_count(schedule, flat, segment_bytes) if on_cpu else 1
+    program = program_for(
+        schedule, dist.get_rank(group), numel=flat.numel(), element_size=flat.element_size(), lanes=lanes,
+        window=min(SEGMENTS_IN_FLIGHT, lanes), divide=divisor != 1,
+    )
+    _Execution(schedule, program, flat, group, observer, divisor, on_cpu).run()
     observer.on_finish()
     return flat
 
 
-class _LazyDivision:
-    """Divides each chunk segment by ``divisor`` exactly once, at its first use (see above)."""
+def _lane_count(schedule: Schedule, flat: torch.Tensor, segment_bytes: int | None) -> int:
+    largest_chunk = chunk_sizes(flat.numel(), schedule.num_chunks)[0] * flat.element_size()
+    return max(1, math.ceil(largest_chunk / (segment_bytes or SEGMENT_BYTES)))
 
-    def __init__(self, divisor: int, lanes: Sequence[Sequence[torch.Tensor]]) -> None:
-        segments = [segment for lane in lanes for segment in lane if segment.numel()]
-        self._pending = {s.data_ptr(): s for s in segments} if divisor != 1 else {}
+
+class _Execution:
+    """One run of a compiled program on one buffer."""
+
+    def __init__(
+        self, schedule: Schedule, program: Program, flat: torch.Tensor, group: dist.ProcessGroup | None,
+        observer: ExecutionObserver, divisor: int, on_cpu: bool,
+    ) -> None:
+        self.schedule = schedule
+        self.program = program
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.observer = observer
+        self.segments = flat.split(program.segment_sizes)
+        # Scratch is reused per thread on CPU: a fresh buffer of tens of MB costs a page fault
+        # per 4 KB on every call. CUDA's caching allocator already reuses memory, stream-safely.
+        numel = program.scratch_numel
+        self.scratch = _reused_buffer(flat, numel) if on_cpu else flat.new_empty(numel)
         # On CPU, dividing by a 0-dim tensor takes the vectorized kernel (2.6x faster than by a
         # Python number, measured) and lets addcdiv fuse divide-and-add. On CUDA a tensor
         # divisor would be copied from the host, so there it stays a number.
-        on_cpu = bool(segments) and segments[0].device.type == "cpu"
-        self._by = torch.tensor(divisor, dtype=segments[0].dtype) if self._pending and on_cpu else divisor
+        self.divisor = torch.tensor(divisor, dtype=flat.dtype) if on_cpu and divisor != 1 else divisor
+        self.start = _start_on_cpu if on_cpu else _start_batched
 
-    def before_send(self, segment: torch.Tensor) -> None:
-        if self._pending.pop(segment.data_ptr(), None) is not None:
-            segment.div_(self._by)
+    def run(self) -> None:
+        in_flight: deque[list[dist.Work]] = deque()
+        # Completed units' works stay referenced until the next unit is posted: dropping a
+        # gloo work object can block on the transport, and the peers should not wait for
+        # that (measured: 4 ranks x 64 KB took 30 ms per call instead of 10 ms).
+        retired: list[list[dist.Work]] = []
+        segments, divisor = self.segments, self.divisor
+        for event in self.program.events:
+            if type(event) is Post:
+                for segment in event.unit.divide:
+                    segments[segment].div_(divisor)
+                in_flight.append(self.start(self, event.unit))
+                retired.clear()
+            elif type(event) is Complete:
+                works = in_flight.popleft()
+                self._wait(event.unit, works)
+                self._land(event)
+                retired.append(works)
+            else:
+                self.observer.on_phase(event.name)
+        for segment in self.program.undivided:
+            segments[segment].div_(divisor)
 
-    def reduce(self, segment: torch.Tensor, received: torch.Tensor) -> None:
-        if self._pending.pop(segment.data_ptr(), None) is None:
-            segment.add_(received)
-        elif isinstance(self._by, torch.Tensor):
-            torch.addcdiv(received, segment, self._by, out=segment)
-        else:
-            segment.div_(self._by).add_(received)
+    def buffer(self, message: Message) -> torch.Tensor:
+        """Where a message is read from or lands: its segment, or its place in scratch."""
+        segment = self.segments[message.segment]
+        if message.scratch is None:
+            return segment
+        return self.scratch[message.scratch : message.scratch + segment.numel()]
 
-    def overwritten(self, segment: torch.Tensor) -> None:
-        """A copy replaced the segment: what it holds now is already scaled."""
-        self._pending.pop(segment.data_ptr(), None)
+    def _wait(self, unit: Unit, works: list[dist.Work]) -> None:
+        work = None
+        try:
+            for work in works:
+                work.wait()
+        except RuntimeError as error:  # name the step and the peer, not just a socket
+            raise self._failure(error, unit, works, work) from error
 
-    def finish(self) -> None:
-        """Divide what no step touched (a schedule where a rank never uses some chunk)."""
-        for segment in self._pending.values():
-            segment.div_(self._by)
-        self._pending.clear()
+    def _land(self, event: Complete) -> None:
+        segments, divisor = self.segments, self.divisor
+        for landing in event.landings:
+            segment = segments[landing.segment]
+            if landing.scratch is None:  # a copy that landed in place
+                continue
+            received = self.scratch[landing.scratch : landing.scratch + segment.numel()]
+            if landing.op is Op.COPY:
+                segment.copy_(received)
+            elif not landing.divide:
+                segment.add_(received)
+            elif isinstance(divisor, torch.Tensor):
+                torch.addcdiv(received, segment, divisor, out=segment)
+            else:
+                segment.div_(divisor).add_(received)
+        if event.ends_step:
+            step = event.unit.step
+            self.observer.on_step(step, self.schedule.plan_for(self.rank)[step], self.program.chunk_bytes)
 
-
-def _lane_count(chunk_bytes: Sequence[int], segment_bytes: int | None) -> int:
-    return max(1, math.ceil(max(chunk_bytes) / (segment_bytes or SEGMENT_BYTES)))
-
-
-def _split_into_lanes(chunks: Sequence[torch.Tensor], lanes: int) -> list[tuple[torch.Tensor, ...]]:
-    """``lanes[j][c]`` is segment ``j`` of chunk ``c``; every rank cuts the same way."""
-    if lanes == 1:
-        return [tuple(chunks)]
-    segments = [chunk.tensor_split(lanes) for chunk in chunks]
-    return [tuple(pieces[j] for pieces in segments) for j in range(lanes)]
-
-
-def _post(
-    index: int,
-    step: RankStep,
-    lane: Sequence[torch.Tensor],
-    scratch: torch.Tensor,
-    group: dist.ProcessGroup | None,
-    scaling: _LazyDivision,
-    *,
-    ends_step: bool,
-) -> _Posted:
-    """Post one lane's sends and receives of a step as one batch."""
-    sent = {s.chunk for s in step.sends}
-    ops: list[dist.P2POp] = []
-    landings: list[tuple[torch.Tensor, torch.Tensor, Op]] = []
-    offset = 0
-    for send in step.sends:
-        if lane[send.chunk].numel():
-            scaling.before_send(lane[send.chunk])
-            ops.append(dist.P2POp(dist.isend, lane[send.chunk], group=group, group_peer=send.peer))
-    for receive in step.receives:
-        segment = lane[receive.chunk]
-        if not segment.numel():
-            continue
-        if receive.op is Op.COPY and receive.chunk not in sent:
-            buffer = segment
-        else:  # a sum, or a copy over a chunk this step still sends: stage it
-            buffer = scratch[offset : offset + segment.numel()]
-            offset += segment.numel()
-        ops.append(dist.P2POp(dist.irecv, buffer, group=group, group_peer=receive.peer))
-        landings.append((segment, buffer, receive.op))
-    works = _start(ops)
-    return _Posted(index, ops, works, landings, ends_step)
+    def _failure(self, error: RuntimeError, unit: Unit, works: list[dist.Work], failed: dist.Work | None) -> StepFailedError:
+        messages = [("send to", m) for m in unit.sends] + [("receive from", m) for m in unit.receives]
+        # When the backend coalesced the batch into fewer works than messages (NCCL may), the
+        # failed transfer is unknown and the unit's first message stands for it.
+        position = [id(w) for w in works].index(id(failed)) if len(works) == len(messages) else 0
+        direction, message = messages[position]
+        return StepFailedError(
+            algorithm=self.schedule.algorithm,
+            rank=self.rank,
+            step_index=unit.step,
+            num_steps=len(self.schedule.steps),
+            phase=self.schedule.steps[unit.step].phase,
+            direction=direction,
+            peer=message.peer,
+            global_peer=dist.get_global_rank(self.group, message.peer) if self.group is not None else message.peer,
+            cause=str(error).strip(),
+        )
 
 
-def _start(ops: list[dist.P2POp]) -> list[dist.Work]:
-    """Start a step's sends and receives.
+def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
+    """Start a unit's sends and receives on gloo, one by one, in the same order on every rank.
 
-    NCCL needs them as one ``batch_isend_irecv`` group, or a send posted before its peer's
-    receive could deadlock. gloo starts each operation asynchronously on its own, and the
-    batching machinery around them costs as much as the messages themselves (measured with 2
-    ranks: 216 µs instead of 121 µs per exchange of one element, 1.67 ms instead of 1.13 ms
-    for 1 MiB), so on CPU they are started one by one, in the same order on every rank.
+    gloo starts each operation asynchronously on its own, and the batching machinery around
+    them costs as much as the messages themselves (measured with 2 ranks: 216 µs instead of
+    121 µs per exchange of one element), so they go straight to the process group's
+    ``send``/``recv`` (what ``dist.isend``/``dist.irecv`` call after their checks, which
+    ``run_schedule`` did once). Peers are ranks of the group, as the group's methods take them.
     """
-    if not ops:
-        return []
-    if ops[0].tensor.is_cuda:
-        return dist.batch_isend_irecv(ops)
-    return [
-        dist.isend(op.tensor, group=op.group, group_dst=op.group_peer)
-        if op.op is dist.isend
-        else dist.irecv(op.tensor, group=op.group, group_src=op.group_peer)
-        for op in ops
-    ]
+    group = execution.group if execution.group is not None else dist.group.WORLD
+    works = [group.send([execution.segments[m.segment]], m.peer, 0) for m in unit.sends]
+    works += [group.recv([execution.buffer(m)], m.peer, 0) for m in unit.receives]
+    return works
 
 
-def _complete(
-    posted: _Posted,
-    schedule: Schedule,
-    plan: Sequence[RankStep],
-    observer: ExecutionObserver,
-    chunk_bytes: Sequence[int],
-    scaling: _LazyDivision,
-) -> _Posted:
-    """Wait for a posted batch, then apply what it received; return the batch."""
-    try:
-        for work in posted.works:
-            work.wait()
-    except RuntimeError as error:  # name the step and the peer, not just a socket
-        raise StepFailedError.from_wait(
-            error, schedule=schedule, step_index=posted.index, step=plan[posted.index],
-            ops=posted.ops, works=posted.works, failed=work,
-        ) from error
-    for segment, buffer, op in posted.landings:
-        if op is Op.REDUCE:
-            scaling.reduce(segment, buffer)
-        else:
-            scaling.overwritten(segment)
-            if buffer.data_ptr() != segment.data_ptr():
-                segment.copy_(buffer)
-    if posted.ends_step:
-        observer.on_step(posted.index, plan[posted.index], chunk_bytes)
-    return posted
-
-
-def _drain(in_flight: deque[_Posted], retired: list[_Posted], schedule, plan, observer, chunk_bytes, scaling) -> None:
-    while in_flight:
-        retired.append(_complete(in_flight.popleft(), schedule, plan, observer, chunk_bytes, scaling))
-
-
-def _scratch_slots(
-    flat: torch.Tensor, plan: Sequence[RankStep], lane: Sequence[torch.Tensor], window: int, *, reuse: bool
-) -> list[torch.Tensor]:
-    """One slot per batch in flight, each big enough for the largest staged receives."""
-    largest = 0
-    for step in plan:
-        sent = {s.chunk for s in step.sends}
-        staged = sum(lane[r.chunk].numel() for r in step.receives if r.op is Op.REDUCE or r.chunk in sent)
-        largest = max(largest, staged)
-    scratch = _reused_buffer(flat, largest * window) if reuse else flat.new_empty(largest * window)
-    return [scratch[k * largest : (k + 1) * largest] for k in range(window)]
+def _start_batched(execution: _Execution, unit: Unit) -> list[dist.Work]:
+    """Start a unit as one ``batch_isend_irecv`` group: NCCL needs that, or a send posted
+    before its peer's receive could deadlock."""
+    ops = [
+        dist.P2POp(dist.isend, execution.segments[m.segment], group=execution.group, group_peer=m.peer)
+        for m in unit.sends
+    ] + [dist.P2POp(dist.irecv, execution.buffer(m), group=execution.group, group_peer=m.peer) for m in unit.receives]
+    return dist.batch_isend_irecv(ops) if ops else []
 
 
 _reusable = threading.local()

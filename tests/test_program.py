@@ -65,7 +65,7 @@ def test_every_segment_is_divided_exactly_once_when_averaging(algorithm, world_s
                 if isinstance(event, Post):
                     divisions += event.unit.divide
                 elif isinstance(event, Complete):
-                    divisions += [landing.segment for landing in event.landings if landing.divide]
+                    divisions += [landing.message.segment for landing in event.landings if landing.divide]
             expected = sorted(s for s, size in enumerate(program.segment_sizes) if size) if divide else []
             assert sorted(divisions) == expected
 

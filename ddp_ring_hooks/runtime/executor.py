@@ -100,11 +100,12 @@ def run_schedule(
         return flat
     on_cpu = flat.device.type == "cpu"
     lanes = _lane_count(schedule, flat, segment_bytes) if on_cpu else 1
+    rank = dist.get_rank(group)
     program = program_for(
-        schedule, dist.get_rank(group), numel=flat.numel(), element_size=flat.element_size(), lanes=lanes,
+        schedule, rank, numel=flat.numel(), element_size=flat.element_size(), lanes=lanes,
         window=min(SEGMENTS_IN_FLIGHT, lanes), divide=divisor != 1,
     )
-    _Execution(schedule, program, flat, group, observer, divisor, on_cpu).run()
+    _Execution(schedule, program, flat, group, rank, observer, divisor, on_cpu).run()
     observer.on_finish()
     return flat
 
@@ -119,12 +120,12 @@ class _Execution:
 
     def __init__(
         self, schedule: Schedule, program: Program, flat: torch.Tensor, group: dist.ProcessGroup | None,
-        observer: ExecutionObserver, divisor: int, on_cpu: bool,
+        rank: int, observer: ExecutionObserver, divisor: int, on_cpu: bool,
     ) -> None:
         self.schedule = schedule
         self.program = program
         self.group = group
-        self.rank = dist.get_rank(group)
+        self.rank = rank
         self.observer = observer
         self.segments = flat.split(program.segment_sizes)
         # Scratch is reused per thread on CPU: a fresh buffer of tens of MB costs a page fault
@@ -178,10 +179,9 @@ class _Execution:
     def _land(self, event: Complete) -> None:
         segments, divisor = self.segments, self.divisor
         for landing in event.landings:
-            segment = segments[landing.segment]
-            if landing.scratch is None:  # a copy that landed in place
+            if landing.message.scratch is None:  # a copy that landed in place
                 continue
-            received = self.scratch[landing.scratch : landing.scratch + segment.numel()]
+            segment, received = segments[landing.message.segment], self.buffer(landing.message)
             if landing.op is Op.COPY:
                 segment.copy_(received)
             elif not landing.divide:

@@ -52,6 +52,7 @@ def _try_bad_inputs(rank: int, world_size: int) -> dict[str, dict]:
         lambda: register(model, algorithm="hierarchical", local_size=3)
     )
     outcomes["bad check_layout_steps"] = _outcome(lambda: HookState(check_layout_steps=-1))
+    outcomes["bad concurrent_buckets"] = _outcome(lambda: HookState(concurrent_buckets=0))
     outcomes["integer bucket"] = _outcome(
         lambda: HookState().reduce_bucket(torch.ones(4, dtype=torch.int64), is_last=True).wait()
     )
@@ -150,6 +151,7 @@ def test_hierarchical_node_size_must_divide_world_size(outcomes):
 
 def test_layout_check_steps_must_be_a_count(outcomes):
     assert "check_layout_steps must be an integer >= 0" in _error(outcomes, "bad check_layout_steps")
+    assert "concurrent_buckets must be an integer >= 1" in _error(outcomes, "bad concurrent_buckets")
 
 
 def test_integer_bucket_is_refused_but_all_reduce_sums_integers(outcomes):

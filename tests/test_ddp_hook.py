@@ -8,6 +8,7 @@ bit-identical parameters (each chunk is summed once, then copied).
 from __future__ import annotations
 
 import pickle
+import threading
 
 import pytest
 import torch
@@ -44,6 +45,7 @@ VARIANTS = {
     "find_unused_parameters": {"find_unused_parameters": True},
     "no_sync": {},
     "fp16_compress_wrapper": {},
+    "one_bucket_at_a_time": {},  # concurrent_buckets=1 (the default reduces two at once)
 }
 
 
@@ -52,6 +54,8 @@ def train(rank: int, variant: str, hook: str) -> list[torch.Tensor]:
     model = DDP(Net(), bucket_cap_mb=0.01, **VARIANTS[variant])  # ~10 KB buckets: several of them
     if hook == "ring" and variant == "fp16_compress_wrapper":
         model.register_comm_hook(ddp_ring_hooks.HookState(), fp16_compress_wrapper(ddp_ring_hooks.ring_hook))
+    elif hook == "ring" and variant == "one_bucket_at_a_time":
+        ddp_ring_hooks.register(model, concurrent_buckets=1)
     elif hook == "ring":
         ddp_ring_hooks.register(model)
     elif variant == "fp16_compress_wrapper":
@@ -70,6 +74,9 @@ def train(rank: int, variant: str, hook: str) -> list[torch.Tensor]:
         optimizer.step()
     if hook == "ring":
         assert model._get_ddp_logging_data()["comm_hook"].endswith("hook")
+    if hook == "ring" and variant == "default":  # two buckets in flight: two lanes ran
+        names = {thread.name for thread in threading.enumerate()}
+        assert {"ddp-ring-hooks-comm-0", "ddp-ring-hooks-comm-1"} <= names, names
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -94,7 +101,7 @@ class ExplodingState(ddp_ring_hooks.HookState):
 
     __slots__ = ()
 
-    def _average(self, schedule, buffer, observer):
+    def _average(self, schedule, buffer, observer, tag):
         raise RuntimeError("simulated link failure")
 
 

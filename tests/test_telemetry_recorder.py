@@ -68,6 +68,42 @@ def test_thousands_of_buckets_keep_memory_flat_and_count_drops():
     assert late - early < 64 * 1024, f"memory grew from {early} to {late} bytes over {STEPS} steps"
 
 
+def _finish_buckets_out_of_order(rank: int, world_size: int):
+    """Two buckets reduced at once can finish in either order: the step is recorded once,
+    when its last bucket to *finish* is done, with every bucket in it."""
+    from ddp_ring_hooks.telemetry import MemorySink, Telemetry
+
+    memory = MemorySink()
+    telemetry = Telemetry(sinks=[memory])
+    seen_before_all_finished = []
+    for step in (1, 2):
+        observers = [
+            telemetry.observe_bucket(torch.zeros(64 * (index + 1)), step=step, is_last=index == 2, algorithm="ring")
+            for index in range(3)
+        ]
+        for observer in observers:
+            observer.on_phase("reduce-scatter")
+        for index in (2, 0):  # the last bucket first, then the first; bucket 1 still running
+            observers[index].on_finish()
+        telemetry.flush()
+        seen_before_all_finished.append(len(memory.records))
+        observers[1].on_finish()
+        telemetry.flush()
+    telemetry.close()
+    return {
+        "seen_before_all_finished": seen_before_all_finished,
+        "steps": [record.step for record in memory.records],
+        "bucket_bytes": [[bucket.nbytes for bucket in record.buckets] for record in memory.records],
+    }
+
+
+def test_a_step_is_recorded_when_its_last_bucket_to_finish_is_done():
+    (result,) = run_ranks(_finish_buckets_out_of_order, 1, timeout=120)
+    assert result["seen_before_all_finished"] == [0, 1]
+    assert result["steps"] == [1, 2]
+    assert result["bucket_bytes"] == [[256, 512, 768]] * 2
+
+
 EXIT_WITHOUT_CLOSE = """
 import sys
 import torch, torch.distributed as dist

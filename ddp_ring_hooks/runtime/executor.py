@@ -75,11 +75,16 @@ def run_schedule(
     observer: ExecutionObserver = NULL_OBSERVER,
     segment_bytes: int | None = None,
     divisor: int = 1,
+    tag: int = 0,
 ) -> torch.Tensor:
     """All-reduce (sum) the 1-D contiguous tensor ``flat`` in place following ``schedule``.
 
     With ``divisor`` > 1 every contribution is divided by it first: the result is the sum of
     ``x_r / divisor`` (the average when ``divisor`` is the group size).
+    ``tag`` marks every gloo message of this call: calls with different tags may run at the
+    same time on the same group (from different threads) without taking each other's
+    messages; calls with the same tag must run one after the other, in the same order on
+    every rank. NCCL has no tags (one stream orders its work).
     ``segment_bytes`` overrides :data:`SEGMENT_BYTES` on CPU (tests use it to get many
     lanes from small tensors); CUDA tensors always run in one lane.
     """
@@ -105,7 +110,7 @@ def run_schedule(
         schedule, rank, numel=flat.numel(), element_size=flat.element_size(), lanes=lanes,
         window=min(SEGMENTS_IN_FLIGHT, lanes), divide=divisor != 1,
     )
-    _Execution(schedule, program, flat, group, rank, observer, divisor, on_cpu).run()
+    _Execution(schedule, program, flat, group, rank, observer, divisor, on_cpu, tag).run()
     observer.on_finish()
     return flat
 
@@ -120,12 +125,13 @@ class _Execution:
 
     def __init__(
         self, schedule: Schedule, program: Program, flat: torch.Tensor, group: dist.ProcessGroup | None,
-        rank: int, observer: ExecutionObserver, divisor: int, on_cpu: bool,
+        rank: int, observer: ExecutionObserver, divisor: int, on_cpu: bool, tag: int,
     ) -> None:
         self.schedule = schedule
         self.program = program
         self.group = group
         self.rank = rank
+        self.tag = tag
         self.observer = observer
         self.segments = flat.split(program.segment_sizes)
         # Scratch is reused per thread on CPU: a fresh buffer of tens of MB costs a page fault
@@ -223,8 +229,9 @@ def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
     ``run_schedule`` did once). Peers are ranks of the group, as the group's methods take them.
     """
     group = execution.group if execution.group is not None else dist.group.WORLD
-    works = [group.send([execution.segments[m.segment]], m.peer, 0) for m in unit.sends]
-    works += [group.recv([execution.buffer(m)], m.peer, 0) for m in unit.receives]
+    tag = execution.tag
+    works = [group.send([execution.segments[m.segment]], m.peer, tag) for m in unit.sends]
+    works += [group.recv([execution.buffer(m)], m.peer, tag) for m in unit.receives]
     return works
 
 

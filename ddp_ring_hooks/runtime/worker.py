@@ -7,9 +7,12 @@ overlap communication. Instead the hook hands each bucket to this worker and ret
 hands buckets over in the same order on every rank, so every rank runs the same sequence),
 and completes each Future with the result or with the exception, which DDP then raises.
 
-There is one worker per process group (:func:`worker_for`): two hook states on the same group
-(two DDP models reduced in one backward, say) must not post point-to-point messages to the
-same peers from two threads at once, or a message could land in the other's receive.
+Workers are shared per process group and *lane* (:func:`worker_for`). A lane is a stream of
+jobs whose messages carry the lane's tag: jobs of one lane run one after the other, jobs of
+different lanes may run at the same time without taking each other's messages (gloo matches
+messages by peer and tag). Two hook states on the same group (two DDP models reduced in one
+backward, say) share the lanes: two threads posting with the same tag to the same peers
+could swap messages.
 """
 
 from __future__ import annotations
@@ -75,10 +78,17 @@ _WORKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _WORKERS_LOCK = threading.Lock()
 
 
-def worker_for(group: object) -> CommWorker:
-    """The worker shared by every job on ``group`` (a process group), made on first use."""
+def worker_for(group: object, lane: int = 0) -> CommWorker:
+    """The worker shared by every job of ``lane`` on ``group`` (a process group), made on first use."""
     with _WORKERS_LOCK:
-        worker = _WORKERS.get(group)
+        lanes = _WORKERS.setdefault(group, {})
+        worker = lanes.get(lane)
         if worker is None:
-            worker = _WORKERS[group] = CommWorker()
+            worker = lanes[lane] = CommWorker(name=f"ddp-ring-hooks-comm-{lane}")
         return worker
+
+
+def workers_of(group: object) -> list[CommWorker]:
+    """Every worker made so far for ``group``, all lanes."""
+    with _WORKERS_LOCK:
+        return list(_WORKERS.get(group, {}).values())

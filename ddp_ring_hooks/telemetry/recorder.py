@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from ..runtime.all_reduce import all_reduce
 from ..runtime.observer import NULL_OBSERVER, ExecutionObserver
-from .records import BucketRecord, StepRecord, bandwidths_GBps
+from .records import BucketRecord, StepRecord, bandwidths_GBps, busy_ms
 from .sinks import Sink, SummaryTable, TensorBoardSink, TraceSink
 from .timer import CudaTimer, HostTimer
 
@@ -68,16 +68,21 @@ class _PendingStep:
     buckets: list[BucketObserver] = dataclasses.field(default_factory=list)
     dropped: int = 0
     rank_total_ms: tuple[float, ...] = ()
+    # Buckets may finish out of order (several run at once on CPU): the step is complete when
+    # the last bucket was handed over and every bucket handed over has finished.
+    finished: int = 0
+    last_handed: bool = False
 
 
 class BucketObserver(ExecutionObserver):
     """Marks the life of one bucket: handed over, each phase, finished (cheap; no waiting)."""
 
-    def __init__(self, telemetry, pending, timer, *, index, buffer, algorithm, world_size, group, is_last):
+    def __init__(self, telemetry, pending, timer, *, index, buffer, algorithm, world_size, group):
         self.telemetry = telemetry
-        # Only the last bucket finishes the step; holding the step in every bucket would make
-        # reference cycles that only the garbage collector frees (memory would saw-tooth).
-        self.pending = pending if is_last else None
+        # The step and its buckets refer to each other until the step completes; then
+        # Telemetry._bucket_finished drops these references, so no cycle is left for the
+        # garbage collector (memory would saw-tooth).
+        self.pending = pending
         self.timer = timer
         self.index = index
         self.numel = buffer.numel()
@@ -95,9 +100,7 @@ class BucketObserver(ExecutionObserver):
 
     def on_finish(self) -> None:
         self.end = self.timer.mark()
-        if self.pending is not None:
-            pending, self.pending = self.pending, None
-            self.telemetry._finish_step(pending, self.group)
+        self.telemetry._bucket_finished(self)
 
     @property
     def start(self):
@@ -228,10 +231,24 @@ class Telemetry:
             return NULL_OBSERVER
         observer = BucketObserver(
             self, pending, self._timer_for(buffer), index=index, buffer=buffer, algorithm=algorithm,
-            world_size=dist.get_world_size(group), group=group, is_last=is_last,
+            world_size=dist.get_world_size(group), group=group,
         )
-        pending.buckets.append(observer)
+        with self._step_lock:
+            pending.buckets.append(observer)
+            pending.last_handed = is_last
         return observer
+
+    def _bucket_finished(self, bucket: BucketObserver) -> None:
+        """Called from the worker that reduced ``bucket``: the step's last bucket to finish
+        (not always the last handed over) completes the step."""
+        with self._step_lock:
+            pending, bucket.pending = bucket.pending, None
+            if pending is None:
+                return
+            pending.finished += 1
+            if not (pending.last_handed and pending.finished == len(pending.buckets)):
+                return
+        self._finish_step(pending, bucket.group)
 
     def _finish_step(self, pending: _PendingStep, group) -> None:
         """The step's last bucket is reduced: gather the spread if due, queue the marks."""
@@ -250,7 +267,7 @@ class Telemetry:
                 self._warned_spread = True
                 warnings.warn("spread_every is CPU (gloo) only; skipped on CUDA", stacklevel=2)
             return ()
-        total = sum(timer.elapsed_ms(b.start, b.end) for b in pending.buckets if b.end is not None)
+        total = _busy_ms([b for b in pending.buckets if b.end is not None])
         every = torch.zeros(dist.get_world_size(group), dtype=torch.float64)
         every[dist.get_rank(group)] = total
         all_reduce(every, group=group)  # a gather: every other slot is zero
@@ -384,6 +401,7 @@ class Telemetry:
         self._cuda_timers: dict[torch.device, CudaTimer] = {}
         self._open_step = 0
         self._next_index = 0
+        self._step_lock = threading.Lock()
         self._pending: _PendingStep | None = None
         self._rank: int | None = None
         self._writer: threading.Thread | None = None
@@ -428,17 +446,22 @@ def resolve_step(pending: _PendingStep, *, deadline: float) -> StepRecord | None
         if not bucket.timer.wait_ready(bucket.end, deadline):
             return None
     buckets = tuple(_bucket_record(pending, bucket) for bucket in finished)
-    last = finished[-1]
+    last_handed, timer = finished[-1], finished[-1].timer
     return StepRecord(
         step=pending.step,
         buckets=buckets,
-        total_ms=sum(b.time_ms for b in buckets),
-        exposed_ms=last.timer.elapsed_ms(last.handed, last.end),
+        total_ms=_busy_ms(finished),
+        exposed_ms=max(timer.clock_ms(b.end) for b in finished) - timer.clock_ms(last_handed.handed),
         num_buckets=len(buckets),
         rank=pending.rank,
         dropped=pending.dropped,
         rank_total_ms=pending.rank_total_ms,
     )
+
+
+def _busy_ms(buckets: list[BucketObserver]) -> float:
+    """The step's ``total_ms``: the same arithmetic for the record and the gathered spread."""
+    return busy_ms((b.timer.clock_ms(b.start), b.timer.clock_ms(b.end)) for b in buckets)
 
 
 def _bucket_record(pending: _PendingStep, bucket: BucketObserver) -> BucketRecord:

@@ -7,15 +7,16 @@ GB = 1e9 bytes, so the numbers compare directly with ``all_reduce_perf`` and NCC
     algbw = bytes / time
     busbw = algbw * 2 (p - 1) / p        # all-reduce: every byte crosses 2(p-1)/p links
 
-One step on one rank, as the records see it (CPU: the buckets run one after another on the
-communication worker while backward goes on computing)::
+One step on one rank, as the records see it (CPU: the buckets run on the communication
+workers, up to ``concurrent_buckets`` at once, while backward goes on computing)::
 
     backward  |=========================================|
     bucket 0      h0 ..q.. [== rs ==|== ag ==]             h = handed to the hook
     bucket 1               h1 ....q.... [== rs ==|== ag ==] q = queue_ms, [..] = time_ms
                                                  ^ last bucket handed   ^ last bucket reduced
                                                  |<---- exposed_ms ---->|
-    total_ms = sum of the buckets' time_ms (the time the link was busy with this step)
+    total_ms = the time at least one bucket was in flight (the buckets' time_ms where they do
+               not overlap: the sum when they run one after another)
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ from dataclasses import dataclass, field
 def all_reduce_bus_factor(world_size: int) -> float:
     """nccl-tests' all-reduce factor ``2(p-1)/p``: 0 for one rank, 1 for two, toward 2 for many."""
     return 2.0 * (world_size - 1) / world_size
+
+
+def busy_ms(intervals) -> float:
+    """Length of the union of ``(start_ms, end_ms)`` intervals: time when at least one ran."""
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy
 
 
 def bandwidths_GBps(nbytes: int, time_ms: float, world_size: int) -> tuple[float, float]:
@@ -75,9 +86,10 @@ class BucketRecord:
 class StepRecord:
     """All buckets of one optimizer step on one rank, and what they add up to.
 
-    ``total_ms`` is the sum of the buckets' ``time_ms``; ``exposed_ms`` runs from the moment
-    the last bucket was handed to the hook (backward has produced every gradient) to the
-    moment it was reduced: the communication that backward could not hide. ``dropped`` is how
+    ``total_ms`` is the time at least one bucket was in flight (:func:`busy_ms` of their
+    intervals: the sum of their ``time_ms`` when they do not overlap); ``exposed_ms`` runs from
+    the moment the last bucket was handed to the hook (backward has produced every gradient)
+    to the moment the last bucket finished: the communication that backward could not hide. ``dropped`` is how
     many step records the recorder had dropped (queue full) when this one was queued.
     ``rank_total_ms`` holds every rank's ``total_ms`` (by group rank) on the steps where the
     spread across ranks was gathered, else it is empty.

@@ -272,9 +272,8 @@ def trace_events(records: Iterable[StepRecord]) -> list[dict]:
             for phase, offset in bucket.phase_offsets_ms.items():
                 slice_(phase, pid, tid, bucket.start_ms + offset, bucket.phases_ms[phase], {"step": record.step})
         if record.buckets:
-            last = record.buckets[-1]
             name_track(pid, exposed_tid, "exposed")
-            end_ms = last.start_ms + last.time_ms
+            end_ms = max(b.start_ms + b.time_ms for b in record.buckets)  # the last to finish
             slice_(f"exposed step {record.step}", pid, exposed_tid, end_ms - record.exposed_ms, record.exposed_ms,
                    {"total_ms": record.total_ms, "num_buckets": record.num_buckets})
     return events

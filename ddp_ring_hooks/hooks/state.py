@@ -27,8 +27,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..runtime import ExecutionObserver, combine_observers, run_schedule, worker_for
-from ..runtime.worker import workers_of
+from ..runtime import ExecutionObserver, combine_observers, run_schedule, worker_for, workers_of
 from ..runtime.errors import CommunicationError, HookFailedError
 from ..schedules import Schedule, checked_schedule
 from ..telemetry import Sink, Telemetry

@@ -135,3 +135,36 @@ def test_probe_agrees_on_every_rank_and_auto_trains_like_plain_ddp():
     decided = [line for line in first["log"] if "-byte bucket on 3 ranks ->" in line]
     sizes = [line.split("-byte")[0].split()[-1] for line in decided]
     assert decided and len(sizes) == len(set(sizes))  # one line per distinct bucket size
+
+
+def probe_with_nodes_of_different_sizes(rank: int, world_size: int) -> dict:
+    """Ranks 0-1 say their node runs 2 ranks, ranks 2-3 say 4 (as torchrun would set
+    LOCAL_WORLD_SIZE on nodes of different sizes): hierarchical is then a candidate on some
+    ranks only, and a probe that runs different schedules on different ranks deadlocks."""
+    import os
+
+    from ddp_ring_hooks.hooks.auto import agreed_local_size
+
+    report = {"agreed_when_equal": agreed_local_size(None, 2)}
+    os.environ["LOCAL_WORLD_SIZE"] = "2" if rank < 2 else "4"
+    report["agreed"] = agreed_local_size(None, None)
+    try:
+        AutoSelector.probed(candidates=("ring", "hierarchical"))
+    except ValueError as error:
+        report["hierarchical_asked_for"] = str(error)
+    state = ddp_ring_hooks.HookState(algorithm="auto")
+    report["candidates"] = state._auto.candidates
+    report["sum"] = state.reduce_bucket(torch.full((1000,), float(rank)), is_last=True).wait()[:3].tolist()
+    state.close()
+    return report
+
+
+def test_nodes_of_different_sizes_leave_hierarchical_out_on_every_rank():
+    reports = run_ranks(probe_with_nodes_of_different_sizes, 4, timeout=240)
+    for report in reports:
+        assert report["agreed_when_equal"] == 2 and report["agreed"] is None
+        assert "do not agree on the number of ranks per node" in report["hierarchical_asked_for"]
+        assert "local_size=G" in report["hierarchical_asked_for"]
+        assert report["candidates"] == reports[0]["candidates"]
+        assert "hierarchical" not in report["candidates"] and "ring" in report["candidates"]
+        assert report["sum"] == [1.5] * 3  # the mean of 0, 1, 2, 3

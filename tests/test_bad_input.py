@@ -43,6 +43,7 @@ def _try_bad_inputs(rank: int, world_size: int) -> dict[str, dict]:
     import ddp_ring_hooks
     import ddp_ring_hooks.hooks.state as state_module
     from ddp_ring_hooks import HookState, register, ring_hook
+    from ddp_ring_hooks.runtime import ExecutionObserver
 
     outcomes: dict[str, dict] = {}
     model = _ddp()  # built outside the timed actions: only registration is timed
@@ -92,16 +93,25 @@ def _try_bad_inputs(rank: int, world_size: int) -> dict[str, dict]:
 
     outcomes["different bucket layouts (bucket_cap_mb)"] = _outcome(different_bucket_caps)
 
-    def different_bucket_sizes_then_recover():
-        state = HookState()
+    def disagree_then_recover(state, numel=10):
         try:
-            state.reduce_bucket(torch.ones(10 + rank), is_last=True).wait()
+            state.reduce_bucket(torch.ones(numel), is_last=True).wait()
         except RuntimeError as error:
             # Every rank raised at the same point, so the group still works.
-            recovered = state.reduce_bucket(torch.full((10,), float(rank)), is_last=True).wait()
+            recovered = HookState().reduce_bucket(torch.full((10,), float(rank)), is_last=True).wait()
             raise RuntimeError(f"{error}\n[recovered: {recovered.tolist()}]") from error
 
-    outcomes["different bucket sizes at the hook"] = _outcome(different_bucket_sizes_then_recover)
+    outcomes["different bucket sizes at the hook"] = _outcome(lambda: disagree_then_recover(HookState(), 10 + rank))
+    # Same buckets, reduced differently: the peers would wait for messages never sent.
+    outcomes["different hierarchical local_size"] = _outcome(
+        lambda: disagree_then_recover(HookState(algorithm="hierarchical", local_size=1 + rank))
+    )
+    outcomes["observers on rank 0 only"] = _outcome(
+        lambda: disagree_then_recover(HookState(observers=(ExecutionObserver(),) if rank == 0 else ()))
+    )
+    outcomes["different concurrent_buckets"] = _outcome(
+        lambda: disagree_then_recover(HookState(concurrent_buckets=1 + rank))
+    )
 
     # The layout check runs for the first `check_layout_steps` iterations only.
     real_check = state_module.check_bucket_layout
@@ -195,6 +205,22 @@ def test_different_bucket_sizes_fail_on_every_rank_and_leave_the_group_usable(ou
     for rank in range(2):
         message = _error(outcomes, "different bucket sizes at the hook", rank=rank)
         assert "number of elements differs: rank 0: 10, rank 1: 11" in message, message
+        assert "[recovered: " + str([0.5] * 10) + "]" in message
+
+
+@pytest.mark.parametrize(
+    "case, differs, advice",
+    [
+        ("different hierarchical local_size", "schedule differs: rank 0: 0x", "the same local_size=G on every rank"),
+        ("observers on rank 0 only", "worker lanes differs: rank 0: 1, rank 1: 2", "give every rank observers or none"),
+        ("different concurrent_buckets", "worker lanes differs: rank 0: 1, rank 1: 2", "the same concurrent_buckets"),
+    ],
+)
+def test_ranks_that_would_reduce_differently_fail_on_every_rank_and_leave_the_group_usable(outcomes, case, differs, advice):
+    for rank in range(2):
+        message = _error(outcomes, case, rank=rank)
+        assert differs in message and advice in message, message
+        assert "number of elements differs" not in message and "bucket_cap_mb" not in message, message
         assert "[recovered: " + str([0.5] * 10) + "]" in message
 
 

@@ -154,7 +154,16 @@ class AutoSelector:
         """Calibrate every candidate on ``group`` (collective) unless ``calibration`` is given."""
         world_size = dist.get_world_size(group)
         if calibration is None:
-            candidates = tuple(candidates) if candidates is not None else default_candidates(world_size, local_size)
+            # The probe runs every candidate on every rank: the ranks must agree on them first.
+            local_size = agreed_local_size(group, local_size)
+            if candidates is None:
+                candidates = _candidates_for(world_size, local_size)
+            elif "hierarchical" in candidates and local_size is None:
+                raise ValueError(
+                    "auto: hierarchical is a candidate but the ranks do not agree on the number of "
+                    "ranks per node (LOCAL_WORLD_SIZE differs between nodes or is missing); pass "
+                    "local_size=G, the same on every rank, or leave hierarchical out of candidates"
+                )
             options = schedule_options(world_size, candidates, local_size=local_size, segments=segments)
             calibration = calibrate(group, candidates=candidates, options=options)
             for algorithm, fitted in calibration.items():
@@ -187,11 +196,45 @@ class AutoSelector:
 def default_candidates(world_size: int, local_size: int | None = None) -> tuple[str, ...]:
     """Every algorithm; hierarchical only when ``local_size`` (or ``LOCAL_WORLD_SIZE``) makes
     more than one node of more than one rank (otherwise it is just a slower ring)."""
+    return _candidates_for(world_size, _resolved_or_none(world_size, local_size))
+
+
+def _candidates_for(world_size: int, ranks_per_node: int | None) -> tuple[str, ...]:
+    several_multi_rank_nodes = ranks_per_node is not None and 1 < ranks_per_node < world_size
+    return tuple(a for a in ALGORITHMS if a != "hierarchical" or several_multi_rank_nodes)
+
+
+def _resolved_or_none(world_size: int, local_size: int | None) -> int | None:
     try:
-        ranks_per_node = resolve_local_size(world_size, local_size)
+        return resolve_local_size(world_size, local_size)
     except ValueError:
-        ranks_per_node = world_size
-    return tuple(a for a in ALGORITHMS if a != "hierarchical" or 1 < ranks_per_node < world_size)
+        return None
+
+
+def agreed_local_size(group: dist.ProcessGroup | None, local_size: int | None) -> int | None:
+    """The ranks per node (``local_size``, else ``LOCAL_WORLD_SIZE``) if every rank of ``group``
+    resolves the same valid number, else ``None``. Collective: one small all-gather.
+
+    Nodes that run different numbers of ranks (torchrun sets ``LOCAL_WORLD_SIZE`` per node) would
+    otherwise give ranks different candidate lists, and a probe in which ranks run different
+    schedules deadlocks.
+    """
+    world_size = dist.get_world_size(group)
+    mine = _resolved_or_none(world_size, local_size)
+    if world_size == 1:
+        return mine
+    device = _device_of(group)
+    row = torch.tensor([mine or 0], dtype=torch.int64, device=device)
+    table = [torch.empty_like(row) for _ in range(world_size)]
+    dist.all_gather(table, row, group=group)
+    sizes = {int(value) for value in torch.cat(table).tolist()}
+    if len(sizes) > 1:
+        logger.warning(
+            "auto: the ranks disagree on the number of ranks per node (%s; 0: none or invalid), "
+            "so hierarchical is not a candidate", ", ".join(str(size) for size in sorted(sizes)),
+        )
+        return None
+    return mine
 
 
 def schedule_options(

@@ -5,18 +5,25 @@ bucket. If the ranks built different buckets (a parameter of another size on one
 different ``bucket_cap_mb``, parameters created only on some ranks), a ring would deadlock or,
 worse, add unrelated gradients together and train on garbage.
 
-So, for the first few iterations, each rank describes the bucket it is about to reduce in four
-integers, and the ranks all-gather these rows before any gradient moves::
+The same goes for *how* the bucket is reduced: ranks that build different schedules
+(``hierarchical`` with a different ``local_size``, or ``LOCAL_WORLD_SIZE`` that differs between
+nodes) send chunks their peers do not expect, and ranks that put the bucket on different
+worker lanes (a different ``concurrent_buckets``, or ``observers`` on some ranks only) tag
+their messages differently, so the peers wait forever.
 
-             bucket  elements  dtype    last
-    rank 0:  [    0,   50410,  float32,  0  ]
-    rank 1:  [    0,   50610,  float32,  1  ]   <- the ranks disagree: raise
+So, for the first few iterations, each rank describes the bucket it is about to reduce and
+the schedule it will run in seven integers, and the ranks all-gather these rows before any
+gradient moves::
+
+             bucket  elements  dtype    last  algorithm  schedule    lanes
+    rank 0:  [    0,   50410,  float32,  0,   ring,      0x5c1d...,  2 ]
+    rank 1:  [    0,   50610,  float32,  1,   ring,      0x5c1d...,  2 ]   <- they disagree: raise
 
 Every rank sees the same table, so every rank raises the same error at the same bucket: no
 rank is left waiting for a partner, and the process group stays usable. "last" catches ranks
 with different numbers of buckets at the first bucket where they differ.
 
-Cost: one all-gather of ``4 * world_size`` integers per bucket, on the hook's thread before the
+Cost: one all-gather of ``7 * world_size`` integers per bucket, on the hook's thread before the
 bucket is queued (so it stays in the same order as DDP's own collectives on every rank); on
 CUDA it also copies those integers to the host. :class:`~ddp_ring_hooks.HookState` runs it
 for its first ``check_layout_steps`` iterations only (default 2: DDP's first iteration uses
@@ -30,6 +37,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..schedules import ALGORITHMS, Schedule
+
 #: dtype <-> small integer code for the all-gathered row (same table on every rank).
 _DTYPES = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
@@ -37,14 +46,16 @@ _DTYPES = (
 )
 
 #: The fields of a row, as they are named in error messages.
-_FIELDS = ("bucket index", "number of elements", "dtype", "last bucket")
+_FIELDS = ("bucket index", "number of elements", "dtype", "last bucket", "algorithm", "schedule", "worker lanes")
+_BUCKET_FIELDS = range(4)
 
 
 class BucketLayoutMismatchError(RuntimeError):
-    """The ranks reduce buckets that differ (index, size, dtype or count).
+    """The ranks reduce buckets that differ (index, size, dtype or count), or would reduce
+    them differently (algorithm, schedule, worker lanes).
 
     Attributes:
-        rows: every rank's ``(bucket index, numel, dtype code, is_last)``, by group rank.
+        rows: every rank's row (see :meth:`BucketLayout.as_row`), by group rank.
     """
 
     def __init__(self, message: str, rows: list[list[int]] | None = None) -> None:
@@ -54,16 +65,20 @@ class BucketLayoutMismatchError(RuntimeError):
 
 @dataclass(frozen=True)
 class BucketLayout:
-    """What a rank says about the bucket it is about to reduce."""
+    """What a rank says about the bucket it is about to reduce, and how it will reduce it."""
 
     index: int
     numel: int
     dtype: torch.dtype
     is_last: bool
+    schedule: Schedule
+    lanes: int  # worker lanes the buckets are spread over (1 on CUDA: no lanes)
 
     def as_row(self) -> list[int]:
+        """``[bucket index, numel, dtype code, is_last, algorithm code, schedule digest, lanes]``."""
         code = _DTYPES.index(self.dtype) if self.dtype in _DTYPES else -1
-        return [self.index, self.numel, code, int(self.is_last)]
+        algorithm = ALGORITHMS.index(self.schedule.algorithm) if self.schedule.algorithm in ALGORITHMS else -1
+        return [self.index, self.numel, code, int(self.is_last), algorithm, self.schedule.digest(), self.lanes]
 
 
 def check_bucket_layout(
@@ -88,23 +103,36 @@ def check_bucket_layout(
 
 def describe_mismatch(rows: list[list[int]], *, iteration: int) -> str:
     """Say which fields the ranks disagree on and each rank's value, then the usual causes."""
+    differing = [field for field in range(len(_FIELDS)) if len({row[field] for row in rows}) > 1]
     lines = [
-        f"ring_hook: the ranks disagree on the gradient bucket they are about to reduce "
-        f"(bucket {rows[0][0]} on rank 0, iteration {iteration}); reducing it would deadlock or "
-        "mix unrelated gradients, so every rank stops here:"
+        f"ring_hook: the ranks disagree on the gradient bucket they are about to reduce, or on how "
+        f"to reduce it (bucket {rows[0][0]} on rank 0, iteration {iteration}); going on would "
+        "deadlock or mix unrelated gradients, so every rank stops here:"
     ]
-    for field, name in enumerate(_FIELDS):
-        values = [row[field] for row in rows]
-        if len(set(values)) > 1:
-            shown = ", ".join(f"rank {r}: {_show(field, v)}" for r, v in enumerate(values))
-            lines.append(f"  - {name} differs: {shown}")
-    if len({row[3] for row in rows}) > 1:
+    for field in differing:
+        shown = ", ".join(f"rank {r}: {_show(field, row[field])}" for r, row in enumerate(rows))
+        lines.append(f"  - {_FIELDS[field]} differs: {shown}")
+    if 3 in differing:
         lines.append("    (so the ranks have different numbers of buckets)")
-    lines.append(
-        "Every rank must build the same model (same parameter shapes and dtypes, created in the "
-        "same order) and wrap it with the same DistributedDataParallel arguments (bucket_cap_mb, "
-        "find_unused_parameters, static_graph). HookState(check_layout_steps=0) turns this check off."
-    )
+    if any(field in _BUCKET_FIELDS for field in differing):
+        lines.append(
+            "Every rank must build the same model (same parameter shapes and dtypes, created in the "
+            "same order) and wrap it with the same DistributedDataParallel arguments (bucket_cap_mb, "
+            "find_unused_parameters, static_graph)."
+        )
+    if 4 in differing or 5 in differing:
+        lines.append(
+            "Every rank must run the same algorithm with the same options: pass the same algorithm "
+            "and, for hierarchical, the same local_size=G on every rank (without it, each rank reads "
+            "LOCAL_WORLD_SIZE, which differs when nodes run different numbers of ranks)."
+        )
+    if 6 in differing:
+        lines.append(
+            "Every rank must spread buckets over the same number of worker lanes: pass the same "
+            "concurrent_buckets on every rank; observers= keep buckets on one lane, so give every "
+            "rank observers or none (or pass concurrent_buckets=1)."
+        )
+    lines.append("HookState(check_layout_steps=0) turns this check off.")
     return "\n".join(lines)
 
 
@@ -115,4 +143,8 @@ def _show(field: int, value: int) -> str:
         return str(_DTYPES[value]).removeprefix("torch.") if 0 <= value < len(_DTYPES) else "other"
     if field == 3:
         return "yes" if value else "no"
+    if field == 4:
+        return ALGORITHMS[value] if 0 <= value < len(ALGORITHMS) else "other"
+    if field == 5:
+        return f"{value:#010x}"
     return str(value)

@@ -59,7 +59,8 @@ class HookState:
         concurrent_buckets: on CPU, how many buckets may be reduced at the same time, each on
             a worker thread of its own (default 2; 1 reduces them strictly one after the other).
             With ``observers``, buckets always run one at a time: an observer sees whole
-            all-reduces in order.
+            all-reduces in order. Every rank must end up with the same number of lanes (the
+            layout check says so when they do not).
         **algorithm_options: passed to the algorithm's schedule builder.
 
     Example::
@@ -158,14 +159,24 @@ class HookState:
             return checked_schedule(algorithm, self.world_size, **options)
         return checked_schedule(self.algorithm, self.world_size, **self.algorithm_options)
 
+    def lanes_for(self, buffer: torch.Tensor) -> int:
+        """Worker lanes the buckets go to, round robin: ``concurrent_buckets`` on CPU; one with
+        ``observers`` (they see whole all-reduces in order); none (1) on CUDA, where the hook
+        only enqueues work on the stream."""
+        return 1 if buffer.is_cuda or self.observers else self.concurrent_buckets
+
     def reduce_bucket(self, buffer: torch.Tensor, *, is_last: bool) -> torch.futures.Future:
         """Average ``buffer`` over the group in place; the Future holds ``buffer``."""
         validate_bucket(buffer)
         bucket, self._bucket_index = self._bucket_index, 0 if is_last else self._bucket_index + 1
-        if self._reductions_here < self.check_layout_steps:
+        checking_layout = self._reductions_here < self.check_layout_steps
+        if checking_layout:
             validate_group(self.process_group)
+        schedule = self.schedule_for(buffer)
+        lanes = self.lanes_for(buffer)
+        if checking_layout:
             check_bucket_layout(
-                BucketLayout(bucket, buffer.numel(), buffer.dtype, is_last),
+                BucketLayout(bucket, buffer.numel(), buffer.dtype, is_last, schedule, lanes),
                 group=self.group, device=buffer.device, iteration=self.iteration,
             )
         iteration = self.iteration  # reductions done before this one
@@ -173,7 +184,6 @@ class HookState:
         if is_last:
             self.iteration += 1
             self._reductions_here += 1
-        schedule = self.schedule_for(buffer)
         # Taken now, on the hook thread: "handed over" starts queue_ms and exposed_ms.
         observer = combine_observers(
             self.telemetry.observe_bucket(
@@ -186,7 +196,7 @@ class HookState:
             future = torch.futures.Future(devices=[buffer.device])
             future.set_result(buffer)
             return future
-        lane = bucket % self.concurrent_buckets if not self.observers else 0
+        lane = bucket % lanes
         job = lambda: self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration, tag=lane)  # noqa: E731
         # DDP reads a failed Python Future as a value ("Unable to cast ... to Tensor"); a
         # callback that re-raises turns it into a real error that keeps our message.

@@ -47,7 +47,7 @@ _DTYPES = (
 
 #: The fields of a row, as they are named in error messages.
 _FIELDS = ("bucket index", "number of elements", "dtype", "last bucket", "algorithm", "schedule", "worker lanes")
-_BUCKET_FIELDS = range(4)
+_NUMEL, _DTYPE, _LAST, _ALGORITHM, _SCHEDULE, _LANES = range(1, 7)
 
 
 class BucketLayoutMismatchError(RuntimeError):
@@ -112,21 +112,21 @@ def describe_mismatch(rows: list[list[int]], *, iteration: int) -> str:
     for field in differing:
         shown = ", ".join(f"rank {r}: {_show(field, row[field])}" for r, row in enumerate(rows))
         lines.append(f"  - {_FIELDS[field]} differs: {shown}")
-    if 3 in differing:
+    if _LAST in differing:
         lines.append("    (so the ranks have different numbers of buckets)")
-    if any(field in _BUCKET_FIELDS for field in differing):
+    if any(field <= _LAST for field in differing):
         lines.append(
             "Every rank must build the same model (same parameter shapes and dtypes, created in the "
             "same order) and wrap it with the same DistributedDataParallel arguments (bucket_cap_mb, "
             "find_unused_parameters, static_graph)."
         )
-    if 4 in differing or 5 in differing:
+    if _ALGORITHM in differing or _SCHEDULE in differing:
         lines.append(
             "Every rank must run the same algorithm with the same options: pass the same algorithm "
             "and, for hierarchical, the same local_size=G on every rank (without it, each rank reads "
             "LOCAL_WORLD_SIZE, which differs when nodes run different numbers of ranks)."
         )
-    if 6 in differing:
+    if _LANES in differing:
         lines.append(
             "Every rank must spread buckets over the same number of worker lanes: pass the same "
             "concurrent_buckets on every rank; observers= keep buckets on one lane, so give every "
@@ -137,14 +137,14 @@ def describe_mismatch(rows: list[list[int]], *, iteration: int) -> str:
 
 
 def _show(field: int, value: int) -> str:
-    if field == 1:
+    if field == _NUMEL:
         return f"{value:,}"
-    if field == 2:
+    if field == _DTYPE:
         return str(_DTYPES[value]).removeprefix("torch.") if 0 <= value < len(_DTYPES) else "other"
-    if field == 3:
+    if field == _LAST:
         return "yes" if value else "no"
-    if field == 4:
+    if field == _ALGORITHM:
         return ALGORITHMS[value] if 0 <= value < len(ALGORITHMS) else "other"
-    if field == 5:
+    if field == _SCHEDULE:
         return f"{value:#010x}"
     return str(value)

@@ -179,4 +179,14 @@ def test_model_cli_hierarchical_row_and_bad_units(capsys):
     assert main(["model", "--world-sizes", "8,12", "--local-size", "4", "--local-bandwidth", "300GB/s"]) == 0
     assert "hierarchical (4/node)" in capsys.readouterr().out
     assert main(["model", "--bandwidth", "fast"]) == 2
-    assert "cannot read bandwidth 'fast'" in capsys.readouterr().out
+    assert "cannot read bandwidth 'fast'" in capsys.readouterr().err
+
+
+def test_model_cli_tree_crossover_follows_segments(capsys):
+    assert main(["model", "--world-sizes", "8", "--segments", "4", "--bandwidth", "100GB/s", "--latency", "5us"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # undo the text wrapping
+    steps = int(predict("tree", 0, 8, alpha=1.0, beta=0.0, segments=4))
+    assert f"tree (4 segments) at p=8: {steps} latency steps instead of 14" in out, out
+    crossover = parse_size(out.split("it beats the ring below ")[1].split(" per rank")[0].replace(" ", ""))
+    tree, ring = (predict(a, crossover, 8, alpha=5e-6, beta=1e-11, **o) for a, o in (("tree", {"segments": 4}), ("ring", {})))
+    assert tree == pytest.approx(ring, rel=0.01)  # the printed size is where the two times meet

@@ -4,3 +4,14 @@ A subcommand module defines ``add_parser(subparsers)``, which adds its parser an
 ``func`` (called with the parsed arguments, returning an exit code). Modules are found by
 name, so adding a command never touches this file or ``__main__``.
 """
+
+from __future__ import annotations
+
+import sys
+
+
+def fail(command: str, message: str) -> int:
+    """Print ``message`` on stderr as an error of ``ddp-ring-hooks <command>``; return 2, the
+    exit code of a usage error (as argparse does)."""
+    print(f"ddp-ring-hooks {command}: error: {message}", file=sys.stderr)
+    return 2

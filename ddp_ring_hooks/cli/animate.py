@@ -17,7 +17,8 @@ import argparse
 from ..viz import simulate
 from ..viz.animate import SUFFIXES, render_animation
 from ..viz.layout import choose_layout
-from .explain import add_schedule_arguments, fail, schedule_from_args
+from . import fail
+from .explain import add_schedule_arguments, schedule_from_args
 
 
 def add_parser(subparsers) -> None:
@@ -48,9 +49,9 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     """Write the animation; exit code 2 on bad arguments or an unreadable trace."""
     if not args.output.lower().endswith(SUFFIXES):
-        return fail(f"--output {args.output!r} must end in one of {', '.join(SUFFIXES)}")
+        return fail("animate", f"--output {args.output!r} must end in one of {', '.join(SUFFIXES)}")
     if args.fps <= 0 or args.dpi < 1:
-        return fail("--fps and --dpi must be positive")
+        return fail("animate", "--fps and --dpi must be positive")
     subtitle = ""
     try:
         if args.trace:
@@ -63,15 +64,15 @@ def run(args: argparse.Namespace) -> int:
         else:
             schedule, options = schedule_from_args(args)
     except ValueError as error:
-        return fail(str(error))
+        return fail("animate", str(error))
     try:
         written = render_animation(
             simulate(schedule), choose_layout(schedule, options), args.output,
             fps=args.fps, dpi=args.dpi, subtitle=subtitle, progress=not args.no_progress,
         )
     except ImportError as error:
-        return fail(f"{error}; animations need matplotlib and pillow: pip install 'ddp_ring_hooks[viz]'")
+        return fail("animate", f"{error}; animations need matplotlib and pillow: pip install 'ddp_ring_hooks[viz]'")
     except RuntimeError as error:
-        return fail(str(error))
+        return fail("animate", str(error))
     print(f"wrote {written} ({len(schedule.steps) + 2} frames)")
     return 0

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from .. import bench
 from ..launch import run_on_ranks, under_torchrun
 from ..schedules import ALGORITHMS
+from . import fail
 
 
 def add_parser(subparsers) -> None:
@@ -80,8 +81,7 @@ def run(args: argparse.Namespace) -> int:
         if not under_torchrun() and args.nproc < 2:
             raise ValueError(f"--nproc must be at least 2 to communicate, got {args.nproc}")
     except ValueError as error:
-        print(f"ddp-ring-hooks bench: error: {error}", file=sys.stderr)
-        return 2
+        return fail("bench", str(error))
     wrong = run_on_ranks(
         _bench_on_rank, args, sizes, algorithms, nproc=args.nproc, backend=args.backend, timeout_s=args.timeout
     )

@@ -14,6 +14,7 @@ import sys
 
 from ..schedules import ALGORITHMS, Schedule, checked_schedule
 from ..viz import explain, simulate
+from . import fail
 
 
 def add_parser(subparsers) -> None:
@@ -42,15 +43,15 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the explanation; exit code 2 on bad arguments."""
     if args.elements is not None and args.elements < 0:
-        return fail(f"--elements must be 0 or more, got {args.elements}")
+        return fail("explain", f"--elements must be 0 or more, got {args.elements}")
     if args.element_size < 1:
-        return fail(f"--element-size must be at least 1 byte, got {args.element_size}")
+        return fail("explain", f"--element-size must be at least 1 byte, got {args.element_size}")
     if args.alpha < 0 or args.beta < 0:
-        return fail("--alpha and --beta must be 0 or more (seconds per step, seconds per byte)")
+        return fail("explain", "--alpha and --beta must be 0 or more (seconds per step, seconds per byte)")
     try:
         schedule, options = schedule_from_args(args)
     except ValueError as error:
-        return fail(str(error))
+        return fail("explain", str(error))
     simulation = simulate(schedule, elements=args.elements)
     sys.stdout.write(
         explain(simulation, element_size=args.element_size, alpha=args.alpha, beta=args.beta, options=options)
@@ -91,8 +92,3 @@ def schedule_from_args(args: argparse.Namespace) -> tuple[Schedule, dict[str, ob
         given = ", ".join(f"--{name.replace('_', '-')}" for name in options)
         raise ValueError(f"{args.algorithm} does not take {given}; drop it or choose an algorithm that does") from None
 
-
-def fail(message: str) -> int:
-    """Print ``message`` as an error and return the usage-error exit code."""
-    print(f"ddp-ring-hooks: error: {message}", file=sys.stderr)
-    return 2

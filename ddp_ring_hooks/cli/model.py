@@ -12,12 +12,13 @@ same units per second (``GB/s``), or bits (``Gb/s``, ``Gbit/s``); latencies ns, 
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import textwrap
 
-from ..cost_model import predict
+from ..cost_model import coefficients, predict
 from ..schedules import ALGORITHMS
+from ..viz.text import format_seconds
+from . import fail
 
 _SIZE_UNITS = {
     "": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
@@ -61,14 +62,6 @@ def _split(text: str, what: str, examples: str) -> tuple[float, str]:
     if not match:
         raise ValueError(f"cannot read {what} {text!r}; write a number and a unit, e.g. {examples}")
     return float(match.group(1)), (match.group(2) or "").strip()
-
-
-def format_seconds(seconds: float) -> str:
-    """Four significant-ish digits in the unit that fits: ``1.25 ms``, ``980 us``."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds * 1e9:.3g} ns"
 
 
 def format_bytes(nbytes: float) -> str:
@@ -121,8 +114,7 @@ def run(args: argparse.Namespace) -> int:
         if unknown or min(world_sizes) < 1 or args.segments < 1:
             raise ValueError(f"algorithms must be among {', '.join(ALGORITHMS)}, world sizes >= 1 and segments >= 1")
     except ValueError as error:
-        print(f"ddp-ring-hooks model: {error}")
-        return 2
+        return fail("model", str(error))
     for index, nbytes in enumerate(sizes):
         if index:
             print()
@@ -155,30 +147,35 @@ def render_table(nbytes, world_sizes, algorithms, params, local, local_size, seg
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
-    lines += [textwrap.fill(line, width=100, subsequent_indent="  ") for line in explain(nbytes, world_sizes, params)]
+    lines += [textwrap.fill(line, width=100, subsequent_indent="  ") for line in explain(nbytes, world_sizes, params, segments)]
     return "\n".join(lines)
 
 
-def explain(nbytes: float, world_sizes: list[int], params: dict) -> list[str]:
+def explain(nbytes: float, world_sizes: list[int], params: dict, segments: int = 1) -> list[str]:
     """Why the ring barely grows with p, and below which size the tree beats it."""
     alpha, beta, gamma = params["alpha"], params["beta"], params["gamma"]
     low, high = min(world_sizes), max(world_sizes)
     if high < 2:
         return ["", "one rank: nothing to communicate."]
+    ring = {p: coefficients("ring", p) for p in (low, high)}
     lines = [
         "",
         f"ring barely grows with p: each rank sends 2(p-1)/p of the buffer, "
-        f"{format_seconds(2 * (low - 1) / low * nbytes * beta)} at p={low} and "
-        f"{format_seconds(2 * (high - 1) / high * nbytes * beta)} at p={high}, never more than 2n/B = "
+        f"{format_seconds(ring[low][1] * nbytes * beta)} at p={low} and "
+        f"{format_seconds(ring[high][1] * nbytes * beta)} at p={high}, never more than 2n/B = "
         f"{format_seconds(2 * nbytes * beta)}; only its latency 2(p-1)*alpha grows linearly, "
-        f"{format_seconds(2 * (low - 1) * alpha)} -> {format_seconds(2 * (high - 1) * alpha)}.",
+        f"{format_seconds(ring[low][0] * alpha)} -> {format_seconds(ring[high][0] * alpha)}.",
     ]
+    tree_name = f"tree ({segments} segments)" if segments > 1 else "tree"
     for p in world_sizes:
-        rounds = math.ceil(math.log2(p)) if p > 1 else 0
-        saved = 2 * (p - 1 - rounds) * alpha  # latency the tree saves
-        extra = (2 * rounds - 2 * (p - 1) / p) * beta + (rounds - (p - 1) / p) * gamma  # per byte it pays more
+        if p < 2:
+            continue
+        ring_steps, ring_sent, ring_added = coefficients("ring", p)
+        tree_steps, tree_sent, tree_added = coefficients("tree", p, segments=segments)
+        saved = (ring_steps - tree_steps) * alpha  # latency the tree saves
+        extra = (tree_sent - ring_sent) * beta + (tree_added - ring_added) * gamma  # per byte it pays more
         if saved > 0 and extra > 0:
-            lines.append(f"tree at p={p}: {2 * rounds} latency steps instead of {2 * (p - 1)}; "
+            lines.append(f"{tree_name} at p={p}: {tree_steps:g} latency steps instead of {ring_steps:g}; "
                          f"it beats the ring below {format_bytes(saved / extra)} per rank.")
     lines.append("halving_doubling: the ring's bytes in 2 lg p steps when p is a power of two; "
                  "otherwise its fold adds two whole-buffer messages.")

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..schedules import ALGORITHMS
-from .formulas import predict
+from .formulas import coefficients, predict
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +108,8 @@ def fit_per_algorithm(records: Iterable[Mapping], **options) -> dict[str, Calibr
 
 def _terms(algorithm: str, nbytes: float, world_size: int, options: Mapping) -> tuple[float, float]:
     """The coefficients ``(A, B)`` of α and β in the algorithm's formula."""
-    return (
-        predict(algorithm, nbytes, world_size, alpha=1.0, beta=0.0, **options),
-        predict(algorithm, nbytes, world_size, alpha=0.0, beta=1.0, **options),
-    )
+    messages, bytes_per_byte, _ = coefficients(algorithm, world_size, **options)
+    return messages, bytes_per_byte * nbytes
 
 
 def _solve(rows: list[tuple[tuple[float, float], float]]) -> Calibration:

@@ -86,3 +86,17 @@ def predict(
     intra = 2 * (g - 1) * a_l + 2 * (g - 1) / g * n * b_l
     inter = 2 * (nodes - 1) * alpha + 2 * (nodes - 1) / p * n * beta
     return intra + inter + (p - 1) / p * n * gamma
+
+
+def coefficients(algorithm: str, world_size: int, **options) -> tuple[float, float, float]:
+    """``(a, b, c)`` such that :func:`predict` is ``a·α + n·(b·β + c·γ)``: messages on the
+    critical path, and bytes sent and bytes added there per byte of the buffer.
+
+    Every formula above is linear in α, nβ and nγ, so three unit predictions recover them::
+
+        >>> coefficients("ring", 4)
+        (6.0, 1.5, 0.75)
+    """
+    units = ((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0))
+    a, b, c = (predict(algorithm, 1.0, world_size, alpha=x, beta=y, gamma=z, **options) for x, y, z in units)
+    return a, b, c

@@ -121,6 +121,14 @@ def _lightning_cases(rank: int, world_size: int, directory: str) -> dict:
     results["by_name"] = type(trainer.strategy).__name__
     results["throughput"] = [(s.step, s.micro_batches, s.samples, s.seconds) for s in throughput.history]
     results["log_dir"] = logger.log_dir
+
+    # 5. One Trainer, fit twice (train on after the first fit): the second fit's hook is a
+    #    new one, and its timing still reaches the CommTimingLogger's run.
+    logger = TensorBoardLogger(directory, name="", version="refit")
+    trainer, _, _ = fit("ddp_ring", max_steps=2, logger=logger, callbacks=[ring_lightning.CommTimingLogger()])
+    trainer.fit_loop.epoch_loop.max_steps = 4
+    trainer.fit(CharLanguageModel(**MODEL), make_dataloader(seq_len=MODEL["seq_len"], micro_batch=MICRO_BATCH))
+    results["refit_log_dir"] = logger.log_dir
     return results
 
 
@@ -191,6 +199,14 @@ def test_comm_and_throughput_share_the_loss_axis_in_the_trainers_run(ranks):
     for event, (step, micro_batches, samples, seconds) in zip(samples_per_s, rank_zero["throughput"]):
         assert micro_batches == 1 and samples == MICRO_BATCH * WORLD_SIZE
         assert math.isclose(event.value, samples / seconds, rel_tol=1e-5)
+
+
+def test_a_second_fit_of_the_same_trainer_logs_its_comm_timing(ranks):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(ranks[0]["refit_log_dir"])
+    events.Reload()
+    assert [e.step for e in events.Scalars("comm/step/total_ms")] == [0, 1, 2, 3]
 
 
 def test_bad_arguments_get_errors_that_name_the_fix():

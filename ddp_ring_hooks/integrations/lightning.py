@@ -127,16 +127,19 @@ class RingDDPStrategy(DDPStrategy):
         # brings its own logger, so they are dropped at teardown.
         self._fit_sinks: list[Sink] = []
         self.hook_state: HookState | None = None
+        # True from configure_ddp to teardown: the hook of the current fit exists. (After a
+        # fit, hook_state stays readable but closed; the next fit builds a new one.)
+        self._fitting = False
         # What DDP itself reported right after the hook was attached (the model is unwrapped
         # again at teardown, so this keeps the proof).
         self.reported_comm_hook: str | None = None
 
     def add_sink(self, sink: Sink) -> None:
         """Send the hook's telemetry records to ``sink`` too, for this fit (before or after the hook exists)."""
-        if self.hook_state is None:
-            self._fit_sinks.append(sink)
-        else:
+        if self._fitting:
             self.hook_state.telemetry.add_sink(sink)
+        else:  # Lightning sets callbacks up before the strategy: the hook comes later
+            self._fit_sinks.append(sink)
 
     def configure_ddp(self) -> None:
         """Wrap the model in DDP (Lightning's code), then attach the ring hook and check it."""
@@ -150,6 +153,7 @@ class RingDDPStrategy(DDPStrategy):
             **self._telemetry_options,
             **self._algorithm_options,
         )
+        self._fitting = True
         self.reported_comm_hook = reported_comm_hook(self.model)
         if self.reported_comm_hook != ring_hook.__qualname__:
             raise RuntimeError(
@@ -169,6 +173,7 @@ class RingDDPStrategy(DDPStrategy):
         if self.hook_state is not None:
             self.hook_state.close()  # finish queued buckets and flush telemetry
         self._fit_sinks.clear()
+        self._fitting = False
         super().teardown()
 
     @classmethod

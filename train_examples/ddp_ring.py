@@ -76,8 +76,8 @@ def main() -> None:
             print(f"step {step:4d}  loss {loss.item():.4f}")
     elapsed = time.perf_counter() - start
 
-    attached = ddp_model._get_ddp_logging_data().get("comm_hook")
-    buckets = ddp_model._get_ddp_logging_data().get("rebuilt_bucket_sizes")
+    logging_data = ddp_model._get_ddp_logging_data()  # what DDP itself records about the model
+    attached, buckets = logging_data.get("comm_hook"), logging_data.get("rebuilt_bucket_sizes")
     checksum = torch.stack([p.detach().double().sum() for p in ddp_model.parameters()]).sum().reshape(1)
     everyone = [torch.zeros_like(checksum) for _ in range(world_size)]
     dist.all_gather(everyone, checksum)

@@ -44,7 +44,7 @@ def register(
             f"register needs a DistributedDataParallel model, got {type(ddp_model).__name__}; "
             "wrap it first: DistributedDataParallel(model)"
         )
-    attached = ddp_model._get_ddp_logging_data().get("comm_hook")
+    attached = reported_comm_hook(ddp_model)
     if attached:
         raise RuntimeError(
             f"this DDP model already has the communication hook {attached!r}; DDP allows one "
@@ -55,3 +55,8 @@ def register(
     validate_state(state)
     ddp_model.register_comm_hook(state, ring_hook)
     return state
+
+
+def reported_comm_hook(ddp_model: DistributedDataParallel) -> str | None:
+    """The name of the communication hook DDP itself reports for ``ddp_model`` (None if none)."""
+    return ddp_model._get_ddp_logging_data().get("comm_hook") or None

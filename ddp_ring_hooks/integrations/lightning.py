@@ -52,9 +52,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
-from torch.nn.parallel import DistributedDataParallel
 
 from ..hooks import HookState, register, ring_hook
+from ..hooks.register import reported_comm_hook
 from ..hooks.validation import check_algorithm_name
 from ..telemetry import Sink, TensorBoardSink
 
@@ -63,11 +63,6 @@ STRATEGY_NAME = "ddp_ring"
 # Lightning logs what the batches of optimizer step N (1-based) produced at x = N - 1 (its
 # step counter before that step). Comm and throughput of step N go to the same x.
 LIGHTNING_STEP_OFFSET = -1
-
-
-def reported_comm_hook(ddp_model: DistributedDataParallel) -> str | None:
-    """The name of the communication hook DDP itself reports for ``ddp_model`` (None if none)."""
-    return ddp_model._get_ddp_logging_data().get("comm_hook") or None
 
 
 class RingDDPStrategy(DDPStrategy):

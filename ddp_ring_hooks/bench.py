@@ -36,7 +36,6 @@ import json
 import math
 import re
 import statistics
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -46,6 +45,7 @@ import torch.distributed as dist
 from .cost_model import Calibration, fit_per_algorithm
 from .hooks.auto import AUTO, AutoSelector
 from .runtime import all_reduce
+from .runtime.collectives import time_calls
 from .schedules import ALGORITHMS
 from .telemetry.records import bandwidths_GBps
 
@@ -162,7 +162,7 @@ def run_sweep(
                 call(buffer)
                 if name not in wrong:
                     wrong[name] = _count_wrong(buffer, exact, tolerance, group)
-                times[name].append(_time_calls(call, buffer, warmup=warmup, iters=iters, group=group))
+                times[name].append(time_calls(lambda: call(buffer), buffer.device, warmup=warmup, iters=iters, group=group))
                 if bar is not None:
                     bar.set_postfix_str(f"{format_size(count * element_size)} {name}")
                     bar.update()
@@ -245,26 +245,6 @@ def _count_wrong(result: torch.Tensor, exact: torch.Tensor, tolerance: torch.Ten
     wrong = ((result.to(torch.float64) - exact).abs() > tolerance).sum().to(torch.int64).reshape(1)
     dist.all_reduce(wrong, group=group)
     return int(wrong.item())
-
-
-def _time_calls(call, buffer: torch.Tensor, *, warmup: int, iters: int, group) -> float:
-    """Seconds per call on the slowest rank."""
-    for _ in range(warmup):
-        call(buffer)
-    _synchronize(buffer)
-    dist.barrier(group=group)
-    start = time.perf_counter()
-    for _ in range(iters):
-        call(buffer)
-    _synchronize(buffer)
-    elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=buffer.device)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-    return float(elapsed.item())
-
-
-def _synchronize(buffer: torch.Tensor) -> None:
-    if buffer.is_cuda:  # the benchmark, unlike the hook, must wait for the GPU to finish
-        torch.cuda.synchronize(buffer.device)
 
 
 def _progress_bar(total: int, *, enabled: bool):

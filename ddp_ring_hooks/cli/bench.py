@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
 import torch.distributed as dist
 
 from .. import bench
 from ..launch import run_on_ranks, under_torchrun
+from ..runtime.collectives import device_of
 from ..schedules import ALGORITHMS
 from . import fail
 
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[str]) -> int:
     """Run the sweep; rank 0 prints and writes the outputs. Returns the wrong values' count."""
     rank = dist.get_rank()
-    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in dist.get_backend() else torch.device("cpu")
+    device = device_of(None)
     dtype = bench.DTYPES[args.datatype]
     world_size = dist.get_world_size()
     if rank == 0:

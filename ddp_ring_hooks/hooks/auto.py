@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
 from collections.abc import Mapping
 
 import torch
@@ -32,6 +31,7 @@ import torch.distributed as dist
 
 from ..cost_model import Calibration, fit
 from ..runtime import run_schedule
+from ..runtime.collectives import all_gather_ints, device_of, time_calls
 from ..schedules import ALGORITHMS, checked_schedule
 from ..schedules.hierarchical import resolve_local_size
 
@@ -63,7 +63,7 @@ def calibrate(
     options = options or {}
     if world_size == 1:
         return {a: Calibration(0.0, 0.0) for a in candidates}
-    device = _device_of(group)
+    device = device_of(group)
     fitted = []
     for algorithm in candidates:
         schedule = checked_schedule(algorithm, world_size, **options.get(algorithm, {}))
@@ -85,19 +85,12 @@ def _time_all_reduce(schedule, nbytes: int, group, device: torch.device, repeats
     algorithms that finish early on rank 0 and make the choice disagree with the benchmark.
     """
     buffer = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
-    run_schedule(schedule, buffer, group=group)  # warm-up: connections, allocator
-    blocks = []
-    for _ in range(repeats):
-        dist.barrier(group=group)
-        _synchronize(device)
-        start = time.perf_counter()
-        for _ in range(CALLS_PER_BLOCK):
-            run_schedule(schedule, buffer, group=group)
-        _synchronize(device)
-        blocks.append((time.perf_counter() - start) / CALLS_PER_BLOCK)
-    slowest = torch.tensor(blocks, dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-    return statistics.median(slowest.tolist())
+    call = lambda: run_schedule(schedule, buffer, group=group)  # noqa: E731
+    blocks = [
+        time_calls(call, device, warmup=1 if block == 0 else 0, iters=CALLS_PER_BLOCK, group=group)
+        for block in range(repeats)
+    ]
+    return statistics.median(blocks)
 
 
 class AutoSelector:
@@ -221,13 +214,7 @@ def agreed_local_size(group: dist.ProcessGroup | None, local_size: int | None) -
     """
     world_size = dist.get_world_size(group)
     mine = _resolved_or_none(world_size, local_size)
-    if world_size == 1:
-        return mine
-    device = _device_of(group)
-    row = torch.tensor([mine or 0], dtype=torch.int64, device=device)
-    table = [torch.empty_like(row) for _ in range(world_size)]
-    dist.all_gather(table, row, group=group)
-    sizes = {int(value) for value in torch.cat(table).tolist()}
+    sizes = {size for (size,) in all_gather_ints([mine or 0], group)}
     if len(sizes) > 1:
         logger.warning(
             "auto: the ranks disagree on the number of ranks per node (%s; 0: none or invalid), "
@@ -248,14 +235,3 @@ def schedule_options(
     if "hierarchical" in candidates:
         options["hierarchical"] = {"local_size": resolve_local_size(world_size, local_size)}
     return options
-
-
-def _device_of(group: dist.ProcessGroup | None) -> torch.device:
-    if "nccl" in str(dist.get_backend(group)):  # "nccl", or "cpu:gloo,cuda:nccl": the hook's CUDA buckets
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

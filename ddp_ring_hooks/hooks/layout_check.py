@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..runtime.collectives import all_gather_ints
 from ..schedules import ALGORITHMS, Schedule
 
 #: dtype <-> small integer code for the all-gathered row (same table on every rank).
@@ -81,22 +82,10 @@ class BucketLayout:
         return [self.index, self.numel, code, int(self.is_last), algorithm, self.schedule.digest(), self.lanes]
 
 
-def check_bucket_layout(
-    layout: BucketLayout,
-    *,
-    group: dist.ProcessGroup | None,
-    device: torch.device,
-    iteration: int,
-) -> None:
+def check_bucket_layout(layout: BucketLayout, *, group: dist.ProcessGroup | None, iteration: int) -> None:
     """All-gather ``layout`` over ``group``; raise :class:`BucketLayoutMismatchError` on every
-    rank if any two ranks differ. ``device`` is the bucket's (NCCL all-gathers CUDA tensors)."""
-    world_size = dist.get_world_size(group)
-    if world_size == 1:
-        return
-    row = torch.tensor(layout.as_row(), dtype=torch.int64, device=device)
-    table = [torch.empty_like(row) for _ in range(world_size)]
-    dist.all_gather(table, row, group=group)
-    rows = torch.stack(table).tolist()
+    rank if any two ranks differ."""
+    rows = all_gather_ints(layout.as_row(), group)
     if any(other != rows[0] for other in rows[1:]):
         raise BucketLayoutMismatchError(describe_mismatch(rows, iteration=iteration), rows)
 

@@ -177,7 +177,7 @@ class HookState:
         if checking_layout:
             check_bucket_layout(
                 BucketLayout(bucket, buffer.numel(), buffer.dtype, is_last, schedule, lanes),
-                group=self.group, device=buffer.device, iteration=self.iteration,
+                group=self.group, iteration=self.iteration,
             )
         iteration = self.iteration  # reductions done before this one
         step = iteration + 1  # the optimizer step this reduction belongs to

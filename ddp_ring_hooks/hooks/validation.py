@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..schedules import BUILDERS, Schedule, checked_schedule
+from ..schedules import BUILDERS, checked_schedule
 from .auto import AUTO
 
 if TYPE_CHECKING:
@@ -79,10 +79,9 @@ def check_algorithm_name(algorithm: str) -> None:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(BUILDERS)}, or {AUTO}")
 
 
-def validate_algorithm(algorithm: str, world_size: int, options: dict) -> Schedule:
-    """Build and prove the schedule, turning a builder's complaint into a message with context."""
-    if algorithm not in BUILDERS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(BUILDERS)}")
+def validate_algorithm(algorithm: str, world_size: int, options: dict) -> None:
+    """Build and prove the schedule of a known algorithm (:func:`check_algorithm_name` ran
+    when the state was built), turning a builder's complaint into a message with context."""
     accepted = _builder_options(algorithm)
     unknown = sorted(set(options) - set(accepted)) if accepted is not None else []
     if unknown:
@@ -92,7 +91,7 @@ def validate_algorithm(algorithm: str, world_size: int, options: dict) -> Schedu
             f"{', '.join(map(repr, accepted)) if accepted else 'no options'}"
         )
     try:
-        return checked_schedule(algorithm, world_size, **options)
+        checked_schedule(algorithm, world_size, **options)
     except (TypeError, ValueError) as error:
         shown = ", ".join(f"{k}={v!r}" for k, v in sorted(options.items())) or "no options"
         raise ValueError(

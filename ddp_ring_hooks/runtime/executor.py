@@ -110,6 +110,7 @@ def run_schedule(
         schedule, rank, numel=flat.numel(), element_size=flat.element_size(), lanes=lanes,
         window=min(SEGMENTS_IN_FLIGHT, lanes), divide=divisor != 1,
     )
+    group = group if group is not None else dist.group.WORLD
     _Execution(schedule, program, flat, group, rank, observer, divisor, on_cpu, tag).run()
     observer.on_finish()
     return flat
@@ -124,7 +125,7 @@ class _Execution:
     """One run of a compiled program on one buffer."""
 
     def __init__(
-        self, schedule: Schedule, program: Program, flat: torch.Tensor, group: dist.ProcessGroup | None,
+        self, schedule: Schedule, program: Program, flat: torch.Tensor, group: dist.ProcessGroup,
         rank: int, observer: ExecutionObserver, divisor: int, on_cpu: bool, tag: int,
     ) -> None:
         self.schedule = schedule
@@ -214,7 +215,7 @@ class _Execution:
             phase=self.schedule.steps[unit.step].phase,
             direction=direction,
             peer=message.peer,
-            global_peer=dist.get_global_rank(self.group, message.peer) if self.group is not None else message.peer,
+            global_peer=dist.get_global_rank(self.group, message.peer),
             cause=str(error).strip(),
         )
 
@@ -228,8 +229,7 @@ def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
     ``send``/``recv`` (what ``dist.isend``/``dist.irecv`` call after their checks, which
     ``run_schedule`` did once). Peers are ranks of the group, as the group's methods take them.
     """
-    group = execution.group if execution.group is not None else dist.group.WORLD
-    tag = execution.tag
+    group, tag = execution.group, execution.tag
     works = [group.send([execution.segments[m.segment]], m.peer, tag) for m in unit.sends]
     works += [group.recv([execution.buffer(m)], m.peer, tag) for m in unit.receives]
     return works

@@ -1,6 +1,6 @@
 """Hooks into the executor for whoever wants to watch it run: telemetry and trace recording.
 
-The executor calls an observer at phase boundaries and after each step it posts. The base
+The executor calls an observer at phase boundaries and after each step completes. The base
 class does nothing, so an observer overrides only what it needs. Observers must be cheap:
 they run on the communication path (on CUDA they may record events, never synchronize).
 """
@@ -19,10 +19,11 @@ class ExecutionObserver:
         """A new phase of the schedule (e.g. ``"all-gather"``) is about to start."""
 
     def on_step(self, index: int, step: RankStep, chunk_bytes: Sequence[int]) -> None:
-        """Step ``index`` was posted; ``chunk_bytes[c]`` is the size of chunk ``c``."""
+        """Step ``index`` completed: its transfers were waited for and its receives landed (on
+        CUDA: enqueued). ``chunk_bytes[c]`` is the size of chunk ``c``."""
 
     def on_finish(self) -> None:
-        """The last step was posted (on CUDA: enqueued) and the result is in the buffer."""
+        """The last step completed (on CUDA: enqueued) and the result is in the buffer."""
 
 
 NULL_OBSERVER = ExecutionObserver()

@@ -74,7 +74,7 @@ class RankRecording:
 
 
 class TraceRecorder(ExecutionObserver):
-    """Records each step the executor posts on this rank; one :class:`RecordedRun` per call.
+    """Records each step the executor completes on this rank; one :class:`RecordedRun` per call.
 
     ``rank`` and ``world_size`` default to this process's rank and size in ``group``.
     ``algorithm`` and ``options`` are only labels for whoever replays the recording (which

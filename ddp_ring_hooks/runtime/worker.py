@@ -49,14 +49,18 @@ class CommWorker:
             self._jobs.put((job, future))
         return future
 
-    def close(self, timeout: float | None = None) -> None:
-        """Finish the queued jobs, then stop the thread (a later submit starts a new one)."""
+    def close(self) -> None:
+        """Finish the queued jobs, then stop the thread (a later submit starts a new one).
+
+        It waits for the thread without a timeout: a thread still running after close would
+        share the queue with the next one, and two threads of one lane could reorder its
+        messages."""
         with self._lock:
             thread, self._thread = self._thread, None
             if thread is None:
                 return
             self._jobs.put(_STOP)
-        thread.join(timeout)
+        thread.join()
 
     def _run(self) -> None:
         while True:

@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from train_examples.char_lm import add_model_arguments, model_from_args  # noqa: E402  (needs the path above)
+from ddp_ring_hooks.launch import under_torchrun  # noqa: E402  (needs the path above)
+from train_examples.char_lm import add_model_arguments, model_from_args  # noqa: E402
 
 TARGET_RATIO = 0.95
 
@@ -54,10 +55,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def relaunch_under_torchrun(args: argparse.Namespace) -> int:
+def relaunch_under_torchrun(args: argparse.Namespace, argv: list[str]) -> int:
     """Run this script again under torchrun (one node, ``--nproc`` ranks on a free local port)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-               __file__, *sys.argv[1:]]
+               __file__, *argv]
     return subprocess.call(command)
 
 
@@ -84,9 +85,10 @@ def run_once(strategy_name: str, args: argparse.Namespace) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if "LOCAL_RANK" not in os.environ:
-        return relaunch_under_torchrun(args)
+    if not under_torchrun():
+        return relaunch_under_torchrun(args, argv)
 
     import torch.distributed as dist
     from tqdm import tqdm

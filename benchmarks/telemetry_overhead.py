@@ -7,6 +7,7 @@ arms alike; each pair of blocks gives one ratio, and the script prints the media
 (target: <= 1.02). A block's time includes flushing the telemetry written during it, so the
 writer thread's work is charged to the telemetry arm, not hidden in the next block::
 
+    python benchmarks/telemetry_overhead.py --rounds 60 --steps 4        # spawns 2 local gloo ranks
     torchrun --nproc_per_node=2 benchmarks/telemetry_overhead.py --rounds 60 --steps 4
 
 A block starts after a barrier; its time is the slowest rank's.
@@ -23,11 +24,16 @@ import torch
 import torch.distributed as dist
 
 import ddp_ring_hooks
+from ddp_ring_hooks.launch import run_on_ranks, under_torchrun
 from mlp_steps import build_mlp_ddp, time_steps
+
+TARGET = 1.02
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nproc", type=int, default=2,
+                        help="local gloo ranks to spawn when not under torchrun (default: 2)")
     parser.add_argument("--rounds", type=int, default=60, help="pairs of blocks (one off, one on) (default: 60)")
     parser.add_argument("--steps", type=int, default=4, help="DDP steps per block (default: 4)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model first (default: 3)")
@@ -38,12 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    if "RANK" not in os.environ:
-        raise SystemExit("launch with torchrun: torchrun --nproc_per_node=2 benchmarks/telemetry_overhead.py")
-    args = parse_args(argv)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+def measure(args: argparse.Namespace) -> dict:
+    """Run on every rank: alternate blocks of the two arms; rank 0 shows progress."""
     rank = dist.get_rank()
     ratios, cpu_ratios, off_ms, on_ms, off_cpu, on_cpu = [], [], [], [], [], []
     rounds = range(args.rounds)
@@ -75,21 +77,34 @@ def main(argv=None) -> int:
         summary = arms[True][2].summary()
         for _, _, state in arms.values():
             state.close()
-    if rank == 0:
-        print(
-            f"world size {dist.get_world_size()}, {args.layers}x{args.width} MLP, batch {args.batch}, "
-            f"{args.rounds} rounds x {args.steps} steps per block"
-        )
-        print(summary)
-        print(f"step time off: median {statistics.median(off_ms):.2f} ms; on: median {statistics.median(on_ms):.2f} ms")
-        print(f"ratios on/off: {' '.join(f'{r:.3f}' for r in ratios)}")
-        print(
-            f"CPU time per step (all threads) off: median {statistics.median(off_cpu):.2f} ms; "
-            f"on: median {statistics.median(on_cpu):.2f} ms; median ratio {statistics.median(cpu_ratios):.3f}"
-        )
-        verdict = "meets" if statistics.median(ratios) <= 1.02 else "misses"
-        print(f"median step-time ratio on/off: {statistics.median(ratios):.3f} ({verdict} the <= 1.02 target)")
-    dist.destroy_process_group()
+    return {
+        "world_size": dist.get_world_size(), "summary": summary, "ratios": ratios, "cpu_ratios": cpu_ratios,
+        "off_ms": off_ms, "on_ms": on_ms, "off_cpu": off_cpu, "on_cpu": on_cpu,
+    }
+
+
+def report(result: dict, args: argparse.Namespace) -> None:
+    median = statistics.median
+    print(
+        f"world size {result['world_size']}, {args.layers}x{args.width} MLP, batch {args.batch}, "
+        f"{args.rounds} rounds x {args.steps} steps per block"
+    )
+    print(result["summary"])
+    print(f"step time off: median {median(result['off_ms']):.2f} ms; on: median {median(result['on_ms']):.2f} ms")
+    print(f"ratios on/off: {' '.join(f'{r:.3f}' for r in result['ratios'])}")
+    print(
+        f"CPU time per step (all threads) off: median {median(result['off_cpu']):.2f} ms; "
+        f"on: median {median(result['on_cpu']):.2f} ms; median ratio {median(result['cpu_ratios']):.3f}"
+    )
+    ratio = median(result["ratios"])
+    print(f"median step-time ratio on/off: {ratio:.3f} ({'meets' if ratio <= TARGET else 'misses'} the <= {TARGET} target)")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = run_on_ranks(measure, args, nproc=args.nproc, backend="gloo")
+    if not under_torchrun() or int(os.environ["RANK"]) == 0:  # rank 0 prints the report
+        report(result, args)
     return 0
 
 

@@ -18,9 +18,10 @@ measures on global rank 0, leaving out the first ``--warmup-steps`` optimizer st
 reduces one big bucket in step 1 and rebuilds its buckets after it):
 
 - samples/s: samples of all ranks divided by wall-clock time;
-- communication ms per optimizer step: the sum of the hook's per-bucket all-reduce times
-  (the hook's telemetry, ``StepRecord.total_ms``), and the part of it backward could not
-  hide (``exposed_ms``); on CPU these include waiting for the slower rank;
+- communication ms per optimizer step: the time at least one bucket's all-reduce was in
+  flight (the hook's telemetry, ``StepRecord.total_ms``; on CPU two buckets overlap), and
+  the part of it backward could not hide (``exposed_ms``); on CPU these include waiting for
+  the slower rank;
 - communication share: communication ms / optimizer-step ms;
 - speedup: samples/s relative to the smallest k.
 

@@ -186,11 +186,6 @@ def make_dataloader(*, seq_len: int, micro_batch: int, seed: int = 0) -> DataLoa
     )
 
 
-def count_parameters(model: nn.Module) -> int:
-    """Number of trainable parameters."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
 def torchrun_placement() -> dict[str, object]:
     """``Trainer`` arguments for the processes torchrun started: GPUs (NCCL) when present, else CPU (gloo).
 

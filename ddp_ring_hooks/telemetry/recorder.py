@@ -87,7 +87,7 @@ class BucketObserver(ExecutionObserver):
         self.index = index
         self.numel = buffer.numel()
         self.nbytes = self.numel * buffer.element_size()
-        self.dtype = str(buffer.dtype).removeprefix("torch.")
+        self.dtype = buffer.dtype  # named on the writer thread
         self.algorithm = algorithm
         self.world_size = world_size
         self.group = group
@@ -267,7 +267,7 @@ class Telemetry:
                 self._warned_spread = True
                 warnings.warn("spread_every is CPU (gloo) only; skipped on CUDA", stacklevel=2)
             return ()
-        total = _busy_ms([b for b in pending.buckets if b.end is not None])
+        total = _busy_ms(pending.buckets)  # queued only once every bucket has finished
         every = torch.zeros(dist.get_world_size(group), dtype=torch.float64)
         every[dist.get_rank(group)] = total
         all_reduce(every, group=group)  # a gather: every other slot is zero
@@ -439,9 +439,7 @@ class _SpreadOffLogSteps(Sink):
 
 def resolve_step(pending: _PendingStep, *, deadline: float) -> StepRecord | None:
     """Turn one step's marks into a StepRecord (waits, by polling, for CUDA events)."""
-    finished = [b for b in pending.buckets if b.end is not None]
-    if not finished:
-        return None
+    finished = pending.buckets  # a step is queued only once every bucket has finished
     for bucket in finished:
         if not bucket.timer.wait_ready(bucket.end, deadline):
             return None
@@ -475,7 +473,7 @@ def _bucket_record(pending: _PendingStep, bucket: BucketObserver) -> BucketRecor
         offsets_ms.setdefault(phase, timer.elapsed_ms(start, begin))
     algbw, busbw = bandwidths_GBps(bucket.nbytes, time_ms, bucket.world_size)
     return BucketRecord(
-        step=pending.step, index=bucket.index, nbytes=bucket.nbytes, numel=bucket.numel, dtype=bucket.dtype,
+        step=pending.step, index=bucket.index, nbytes=bucket.nbytes, numel=bucket.numel, dtype=str(bucket.dtype).removeprefix("torch."),
         algorithm=bucket.algorithm, world_size=bucket.world_size,
         queue_ms=timer.elapsed_ms(bucket.handed, start), time_ms=time_ms, phases_ms=phases_ms,
         algbw_GBps=algbw, busbw_GBps=busbw, rank=pending.rank, start_ms=timer.clock_ms(start),

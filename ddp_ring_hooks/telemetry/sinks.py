@@ -38,7 +38,7 @@ class Sink:
 
 
 class NullSink(Sink):
-    """Discards everything (what telemetry amounts to when nothing was asked for)."""
+    """Discards every record: a stand-in where a sink is required but nothing should be kept."""
 
     def write(self, record: StepRecord) -> None:
         pass

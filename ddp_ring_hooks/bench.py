@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from .cost_model import Calibration, fit_per_algorithm
 from .hooks.auto import AUTO, AutoSelector
+from .progress import progress_bar
 from .runtime import all_reduce
 from .runtime.collectives import time_calls
 from .schedules import ALGORITHMS
@@ -148,7 +149,7 @@ def run_sweep(
     world_size = dist.get_world_size(group)
     element_size = torch.empty((), dtype=dtype).element_size()
     callers = _callers(algorithms, group, options)
-    bar = _progress_bar(len(sizes) * rounds * len(algorithms), enabled=progress)
+    bar = progress_bar(len(sizes) * rounds * len(algorithms), "all-reduce sweep", unit="run", enabled=progress)
     records = []
     for nbytes in sizes:
         count = max(1, nbytes // element_size)
@@ -163,9 +164,8 @@ def run_sweep(
                 if name not in wrong:
                     wrong[name] = _count_wrong(buffer, exact, tolerance, group)
                 times[name].append(time_calls(lambda: call(buffer), buffer.device, warmup=warmup, iters=iters, group=group))
-                if bar is not None:
-                    bar.set_postfix_str(f"{format_size(count * element_size)} {name}")
-                    bar.update()
+                bar.set_postfix_str(f"{format_size(count * element_size)} {name}")
+                bar.update()
         for name in algorithms:
             seconds = statistics.median(times[name])
             algbw, busbw = bandwidths_GBps(count * element_size, seconds * 1e3, world_size)
@@ -176,8 +176,7 @@ def run_sweep(
                     algbw_GBps=algbw, busbw_GBps=busbw, wrong=wrong[name],
                 )
             )
-    if bar is not None:
-        bar.close()
+    bar.close()
     return records
 
 
@@ -213,14 +212,20 @@ def _auto_caller(selector: AutoSelector, group):
     return call
 
 
-def model_errors(records: Sequence[BenchRecord]) -> dict[str, tuple[Calibration, float]]:
+def model_errors(
+    records: Sequence[BenchRecord], options: Mapping[str, Mapping] | None = None
+) -> dict[str, tuple[Calibration, float]]:
     """Per algorithm with a formula: the α, β fitted to its records and the median relative
-    error of the fitted model over them, ``|predicted - measured| / measured``."""
+    error of the fitted model over them, ``|predicted - measured| / measured``. ``options``
+    are the per-algorithm schedule options the records were measured with (as for
+    :func:`run_sweep`), so that each formula prices the schedule that ran."""
+    options = options or {}
     mine = [r.as_dict() for r in records if r.algorithm in ALGORITHMS]
     errors = {}
-    for algorithm, calibration in fit_per_algorithm(mine).items():
+    for algorithm, calibration in fit_per_algorithm(mine, **options).items():
+        predict = functools.partial(calibration.predict, algorithm, **options.get(algorithm, {}))
         relative = [
-            abs(calibration.predict(algorithm, r["nbytes"], r["world_size"]) - r["time_us"] * 1e-6) / (r["time_us"] * 1e-6)
+            abs(predict(r["nbytes"], r["world_size"]) - r["time_us"] * 1e-6) / (r["time_us"] * 1e-6)
             for r in mine
             if r["algorithm"] == algorithm
         ]
@@ -245,16 +250,6 @@ def _count_wrong(result: torch.Tensor, exact: torch.Tensor, tolerance: torch.Ten
     wrong = ((result.to(torch.float64) - exact).abs() > tolerance).sum().to(torch.int64).reshape(1)
     dist.all_reduce(wrong, group=group)
     return int(wrong.item())
-
-
-def _progress_bar(total: int, *, enabled: bool):
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # the bar is a nicety; tqdm comes with the [examples] extra
-        return None
-    return tqdm(total=total, desc="all-reduce sweep", unit="run", leave=False)
 
 
 # -- output -------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ddp_ring_hooks import ALGORITHMS
 from ddp_ring_hooks.bench import (
-    BenchRecord, busbw_ratios, format_size, format_table, parse_size, run_sweep, size_sweep,
+    BenchRecord, busbw_ratios, format_size, format_table, load_records, parse_size, run_sweep, size_sweep,
 )
 from ddp_ring_hooks.cli.__main__ import main as cli_main
 from ddp_ring_hooks.runtime import ExecutionObserver, run_schedule
@@ -56,6 +56,7 @@ def test_bench_command_writes_checked_records_and_a_plot(tmp_path):
     assert len(fitted) == 1 and "median |predicted - measured| / measured" in fitted[0]
 
     records = json.loads(json_path.read_text())
+    assert [r.as_dict() for r in load_records(str(json_path))] == records  # the reader matches the writer
     assert {(r["algorithm"], r["nbytes"]) for r in records} == {
         (name, size) for name in ("ring", "auto", "native") for size in (4096, 65536)
     }
@@ -173,18 +174,21 @@ def test_sizes_read_and_sweep_like_nccl_tests():
         parse_size("4Q")
 
 
-def test_model_errors_fit_each_algorithm_to_its_own_records():
+@pytest.mark.parametrize("segments", [1, 4])
+def test_model_errors_fit_each_algorithm_to_its_own_records(segments):
     from ddp_ring_hooks.bench import model_errors
     from ddp_ring_hooks.cost_model import predict
 
     alpha, beta = 300e-6, 1e-9
+    options = {"tree": {"segments": segments}}  # what the sweep ran the tree with
     records = [
         BenchRecord(algorithm=a, world_size=4, nbytes=n, count=n // 4, dtype="float32", wrong=0,
-                    time_us=predict(a, n, 4, alpha=alpha, beta=beta) * 1e6 * noise, algbw_GBps=0.0, busbw_GBps=0.0)
+                    time_us=predict(a, n, 4, alpha=alpha, beta=beta, **options.get(a, {})) * 1e6 * noise,
+                    algbw_GBps=0.0, busbw_GBps=0.0)
         for a in ("ring", "tree") for n, noise in ((4096, 1.0), (1 << 20, 1.1), (1 << 24, 0.95), (1 << 26, 1.0))
     ] + [BenchRecord(algorithm="native", world_size=4, nbytes=4096, count=1024, dtype="float32", wrong=0,
                      time_us=1.0, algbw_GBps=0.0, busbw_GBps=0.0)]
-    errors = model_errors(records)
+    errors = model_errors(records, options)
     assert set(errors) == {"ring", "tree"}  # native has no formula to fit
     for calibration, median_error in errors.values():
         assert median_error < 0.06

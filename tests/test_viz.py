@@ -114,6 +114,13 @@ def test_each_algorithm_gets_its_layout(algorithm, kind):
         assert len(set(layout.positions)) == p  # no two ranks drawn on top of each other
 
 
+def test_hierarchical_layout_reads_the_node_size_the_schedule_was_built_with(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # what torchrun sets; the builder reads it too
+    schedule = checked_schedule("hierarchical", 6)
+    layout = choose_layout(schedule)  # no options: the node size comes from the environment
+    assert layout.kind == "nodes" and layout == choose_layout(schedule, {"local_size": 2})
+
+
 def test_tree_layout_puts_parents_above_their_children():
     schedule = checked_schedule("tree", 7)
     layout = choose_layout(schedule)
@@ -163,6 +170,8 @@ def test_animate_html_embeds_every_frame_on_other_layouts(tmp_path):
 def test_cli_rejects_bad_arguments_with_the_fix(capsys):
     assert main(["animate", "--output", "ring.png"]) == 2
     assert ".gif" in capsys.readouterr().err
+    assert main(["animate", "--output", "ring.gif", "--dpi", "0"]) == 2
+    assert "dpi" in capsys.readouterr().err
     assert main(["explain", "--algorithm", "ring", "--segments", "2"]) == 2
     assert "does not take --segments" in capsys.readouterr().err
     assert main(["explain", "--world-size", "0"]) == 2

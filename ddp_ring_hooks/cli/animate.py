@@ -48,10 +48,6 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the animation; exit code 2 on bad arguments or an unreadable trace."""
-    if not args.output.lower().endswith(SUFFIXES):
-        return fail("animate", f"--output {args.output!r} must end in one of {', '.join(SUFFIXES)}")
-    if args.fps <= 0 or args.dpi < 1:
-        return fail("animate", "--fps and --dpi must be positive")
     subtitle = ""
     try:
         if args.trace:
@@ -72,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except ImportError as error:
         return fail("animate", f"{error}; animations need matplotlib and pillow: pip install 'ddp_ring_hooks[viz]'")
-    except RuntimeError as error:
+    except (ValueError, RuntimeError) as error:  # bad --output, --fps or --dpi; no ffmpeg
         return fail("animate", str(error))
     print(f"wrote {written} ({len(schedule.steps) + 2} frames)")
     return 0

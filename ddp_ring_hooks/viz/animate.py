@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..progress import progress_bar
 from .layout import Layout
 from .simulate import END, START, Frame, Simulation
 
@@ -47,12 +48,12 @@ def render_animation(
     output = Path(output)
     if output.suffix.lower() not in SUFFIXES:
         raise ValueError(f"cannot write {output.name!r}: the output must end in {', '.join(SUFFIXES)}")
-    if fps <= 0:
-        raise ValueError(f"fps must be positive, got {fps}")
+    if fps <= 0 or dpi < 1:
+        raise ValueError(f"fps and dpi must be positive, got fps={fps}, dpi={dpi}")
     writer = _writer_for(output.suffix.lower(), fps)
     figure = new_figure()
     frames = simulation.frames
-    bar = _progress_bar(len(frames), f"drawing {output.name}", enabled=progress)
+    bar = progress_bar(len(frames), f"drawing {output.name}", unit="frame", enabled=progress)
     output.parent.mkdir(parents=True, exist_ok=True)
     with writer.saving(figure, str(output), dpi):
         for frame in frames:
@@ -227,21 +228,3 @@ def _writer_for(suffix: str, fps: float):
     if not animation.writers.is_available("ffmpeg"):
         raise RuntimeError("writing .mp4 needs ffmpeg on PATH; install ffmpeg or write a .gif or .html instead")
     return animation.FFMpegWriter(fps=fps)
-
-
-def _progress_bar(total: int, description: str, *, enabled: bool):
-    try:
-        from tqdm import tqdm
-    except ImportError:  # tqdm is an optional extra; drawing works without it
-        enabled = False
-    if not enabled:
-        return _NoProgress()
-    return tqdm(total=total, desc=description, unit="frame", leave=False)
-
-
-class _NoProgress:
-    def update(self, _count: int) -> None:
-        """Nothing to show."""
-
-    def close(self) -> None:
-        """Nothing to close."""

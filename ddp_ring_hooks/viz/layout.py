@@ -16,12 +16,12 @@ units of the ring radius; the drawing scales them to fit.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..schedules import BUILDERS, Op, Schedule
+from ..schedules import Op, Schedule
+from ..schedules.hierarchical import resolve_local_size
 
 Point = tuple[float, float]
 
@@ -45,8 +45,11 @@ def choose_layout(schedule: Schedule, options: Mapping[str, object] | None = Non
     if kind == "star":
         return layout_star(schedule)
     if kind == "nodes":
-        local_size = options.get("local_size") or _builder_default(schedule.algorithm, "local_size")
-        if isinstance(local_size, int) and 0 < local_size < schedule.world_size:
+        try:  # the schedule was built with this size, or LOCAL_WORLD_SIZE, as the builder does
+            local_size = resolve_local_size(schedule.world_size, options.get("local_size"))
+        except ValueError:
+            local_size = schedule.world_size
+        if local_size < schedule.world_size:
             return layout_nodes(schedule.world_size, local_size)
     return layout_ring(schedule.world_size)
 
@@ -153,10 +156,3 @@ def _parents_from_schedule(schedule: Schedule) -> dict[int, int] | None:
             seen.add(rank)
     return parents
 
-
-def _builder_default(algorithm: str, option: str) -> object:
-    builder = BUILDERS.get(algorithm)
-    if builder is None:
-        return None
-    parameter = inspect.signature(builder).parameters.get(option)
-    return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default

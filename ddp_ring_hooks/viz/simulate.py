@@ -116,15 +116,15 @@ def simulate(
         [ChunkState(value, frozenset({rank})) for value in _row(values, rank, chunks)]
         for rank in range(p)
     ]
-    lengths = {first: stop - first for _, first, stop in schedule.phases}
-    firsts = [first for _, first, _ in schedule.phases]
+    # Per step: where its phase starts and how many steps the phase has.
+    phase_of = {index: (first, stop - first) for _, first, stop in schedule.phases for index in range(first, stop)}
     state = tuple(tuple(row) for row in initial)
     frames = [Frame(START, None, "", 0, 0, (), state)]
     for index, step, state in replay(schedule, initial, _combine):
-        first = max(f for f in firsts if f <= index)
+        first, length = phase_of[index]
         # Sorted, so schedules that list the same transfers in another order give equal frames.
         transfers = tuple(sorted(step.transfers, key=lambda t: (t.src, t.dst, t.chunk)))
-        frames.append(Frame(STEP, index, step.phase, index - first + 1, lengths[first], transfers, state))
+        frames.append(Frame(STEP, index, step.phase, index - first + 1, length, transfers, state))
     frames.append(Frame(END, None, "", 0, 0, (), state))
     return Simulation(schedule, sizes, tuple(frames))
 

@@ -79,7 +79,7 @@ def format_cost(
     nbytes = sum(simulation.chunk_elements) * element_size
     sent = cost_model.bytes_sent_per_rank(schedule, nbytes)
     per_rank = ", ".join(f"rank {rank}: {format_bytes(b)}" for rank, b in enumerate(sent))
-    stepped = cost_model.simulate(schedule, nbytes, alpha=alpha, beta=beta, local_size=(options or {}).get("local_size"))
+    stepped = cost_model.simulate(schedule, nbytes, alpha=alpha, beta=beta)
     try:
         closed = cost_model.predict(schedule.algorithm, nbytes, schedule.world_size, alpha=alpha, beta=beta, **(options or {}))
     except (TypeError, ValueError):  # an algorithm (or option) the formulas do not cover

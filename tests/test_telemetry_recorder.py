@@ -43,7 +43,7 @@ def _drive_recorder_with_slow_sink(rank: int, world_size: int):
     for step in range(1, STEPS + 1):
         for index in range(BUCKETS_PER_STEP):
             is_last = index == BUCKETS_PER_STEP - 1
-            observer = telemetry.observe_bucket(buffer, step=step, is_last=is_last, algorithm="ring")
+            observer = telemetry.observe_bucket(buffer, step=step, index=index, is_last=is_last, algorithm="ring")
             for phase in phases:
                 observer.on_phase(phase)
             observer.on_finish()
@@ -78,7 +78,7 @@ def _finish_buckets_out_of_order(rank: int, world_size: int):
     seen_before_all_finished = []
     for step in (1, 2):
         observers = [
-            telemetry.observe_bucket(torch.zeros(64 * (index + 1)), step=step, is_last=index == 2, algorithm="ring")
+            telemetry.observe_bucket(torch.zeros(64 * (index + 1)), step=step, index=index, is_last=index == 2, algorithm="ring")
             for index in range(3)
         ]
         for observer in observers:
@@ -112,7 +112,7 @@ from ddp_ring_hooks.telemetry import Telemetry
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 1), rank=0, world_size=1)
 telemetry = Telemetry(log_dir=sys.argv[1], trace_steps=(1, 3))
 for step in (1, 2, 3):
-    observer = telemetry.observe_bucket(torch.zeros(8), step=step, is_last=True, algorithm="ring")
+    observer = telemetry.observe_bucket(torch.zeros(8), step=step, index=0, is_last=True, algorithm="ring")
     observer.on_phase("reduce-scatter")
     observer.on_finish()
 # No close(): interpreter exit must write everything.

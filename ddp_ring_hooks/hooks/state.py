@@ -187,7 +187,7 @@ class HookState:
         # Taken now, on the hook thread: "handed over" starts queue_ms and exposed_ms.
         observer = combine_observers(
             self.telemetry.observe_bucket(
-                buffer, step=step, is_last=is_last, algorithm=schedule.algorithm, group=self.group
+                buffer, step=step, index=bucket, is_last=is_last, algorithm=schedule.algorithm, group=self.group
             ),
             *self.observers,
         )

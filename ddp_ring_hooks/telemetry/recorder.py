@@ -211,21 +211,18 @@ class Telemetry:
         buffer: torch.Tensor,
         *,
         step: int,
+        index: int,
         is_last: bool,
         algorithm: str,
         group: dist.ProcessGroup | None = None,
     ) -> ExecutionObserver:
-        """An observer for the bucket DDP just handed over (call it on the hook thread).
-
-        Buckets are numbered in hand-over order within a step, which is DDP's bucket index
-        order (DDP launches bucket ``i`` only after bucket ``i - 1``).
-        """
+        """An observer for bucket ``index`` of ``step``, which DDP just handed over (call it on
+        the hook thread; DDP hands buckets over in index order)."""
         if not self.enabled:
             return NULL_OBSERVER
         if step != self._open_step:
-            self._open_step, self._next_index = step, 0
+            self._open_step = step
             self._pending = _PendingStep(step, self._start()) if self._wants(step) else None
-        index, self._next_index = self._next_index, self._next_index + 1
         pending = self._pending
         if pending is None:
             return NULL_OBSERVER
@@ -400,7 +397,6 @@ class Telemetry:
         self._host_timer = HostTimer()
         self._cuda_timers: dict[torch.device, CudaTimer] = {}
         self._open_step = 0
-        self._next_index = 0
         self._step_lock = threading.Lock()
         self._pending: _PendingStep | None = None
         self._rank: int | None = None

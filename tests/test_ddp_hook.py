@@ -101,7 +101,7 @@ class ExplodingState(ddp_ring_hooks.HookState):
 
     __slots__ = ()
 
-    def _average(self, schedule, buffer, observer, tag):
+    def _average(self, *args, **kwargs):
         raise RuntimeError("simulated link failure")
 
 

@@ -24,8 +24,10 @@ rank is left waiting for a partner, and the process group stays usable. "last" c
 with different numbers of buckets at the first bucket where they differ.
 
 Cost: one all-gather of ``7 * world_size`` integers per bucket, on the hook's thread before the
-bucket is queued (so it stays in the same order as DDP's own collectives on every rank); on
-CUDA it also copies those integers to the host. :class:`~ddp_ring_hooks.HookState` runs it
+bucket is queued (so it stays in the same order as DDP's own collectives on every rank). On
+CUDA it runs on a gloo control group with the same ranks
+(:func:`~ddp_ring_hooks.runtime.cuda_lane.control_group`): host messages only, no CUDA tensor
+to copy back, so no host sync with the GPU. :class:`~ddp_ring_hooks.HookState` runs it
 for its first ``check_layout_steps`` iterations only (default 2: DDP's first iteration uses
 one big bucket, the second the rebuilt ones), then never again.
 """
@@ -38,7 +40,8 @@ import torch
 import torch.distributed as dist
 
 from ..runtime.collectives import all_gather_ints
-from ..schedules import ALGORITHMS, Schedule
+from ..runtime.names import NATIVE, runnable_algorithms
+from ..schedules import Schedule
 
 #: dtype <-> small integer code for the all-gathered row (same table on every rank).
 _DTYPES = (
@@ -72,14 +75,17 @@ class BucketLayout:
     numel: int
     dtype: torch.dtype
     is_last: bool
-    schedule: Schedule
-    lanes: int  # worker lanes the buckets are spread over (1 on CUDA: no lanes)
+    schedule: Schedule | None  # None: "native" (the group's own all-reduce, no schedule)
+    lanes: int  # worker lanes the buckets are spread over (1 on CUDA and for native: no lanes)
 
     def as_row(self) -> list[int]:
         """``[bucket index, numel, dtype code, is_last, algorithm code, schedule digest, lanes]``."""
         code = _DTYPES.index(self.dtype) if self.dtype in _DTYPES else -1
-        algorithm = ALGORITHMS.index(self.schedule.algorithm) if self.schedule.algorithm in ALGORITHMS else -1
-        return [self.index, self.numel, code, int(self.is_last), algorithm, self.schedule.digest(), self.lanes]
+        name = self.schedule.algorithm if self.schedule is not None else NATIVE
+        known = runnable_algorithms()
+        algorithm = known.index(name) if name in known else -1
+        digest = self.schedule.digest() if self.schedule is not None else 0
+        return [self.index, self.numel, code, int(self.is_last), algorithm, digest, self.lanes]
 
 
 def check_bucket_layout(layout: BucketLayout, *, group: dist.ProcessGroup | None, iteration: int) -> None:
@@ -133,7 +139,8 @@ def _show(field: int, value: int) -> str:
     if field == _LAST:
         return "yes" if value else "no"
     if field == _ALGORITHM:
-        return ALGORITHMS[value] if 0 <= value < len(ALGORITHMS) else "other"
+        known = runnable_algorithms()
+        return known[value] if 0 <= value < len(known) else "other"
     if field == _SCHEDULE:
         return f"{value:#010x}"
     return str(value)

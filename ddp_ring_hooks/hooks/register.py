@@ -51,6 +51,8 @@ def register(
             "hook per model, so build a new DistributedDataParallel to register another"
         )
     validate_registration(ddp_model.module, process_group or ddp_model.process_group)
+    # auto's probe runs on the model's device, not on whatever GPU happens to be current.
+    options.setdefault("device", ddp_model.device)
     state = HookState(process_group or ddp_model.process_group, algorithm, **options)
     validate_state(state)
     ddp_model.register_comm_hook(state, ring_hook)

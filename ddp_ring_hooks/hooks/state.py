@@ -5,10 +5,14 @@ communication worker. Like PyTorch's ``PowerSGDState`` it pickles without its pr
 (and without its thread): after unpickling, in a checkpoint or a spawned process, it uses the
 default process group until told otherwise.
 
-How a bucket is reduced depends on the device:
+How a bucket is reduced is decided in one place, :meth:`HookState._launch`:
 
-- CUDA (NCCL): inline on the autograd thread. Every send, receive and addition is enqueued on
-  streams, and the Future is completed right away on the current stream: no host sync.
+- ``native`` (also when ``auto`` picks it): the group's own ``all_reduce``, issued on the
+  hook thread like DDP's builtin hook (:func:`~ddp_ring_hooks.runtime.native.run_native`).
+- CUDA (NCCL): on the device's communication stream, launched by a worker thread of its own
+  on a process group of its own (:mod:`~ddp_ring_hooks.runtime.cuda_lane` says why each):
+  the autograd thread only makes that stream wait for the compute stream and queues the
+  bucket; the Future completes on the side stream. No host sync anywhere.
 - CPU (gloo): on a :class:`~ddp_ring_hooks.runtime.CommWorker` thread, so the autograd thread
   goes on computing gradients of earlier layers while this bucket travels. Bucket ``i`` of
   every iteration goes to lane ``i % concurrent_buckets`` (a worker of its own, its messages
@@ -28,10 +32,14 @@ import torch
 import torch.distributed as dist
 
 from ..runtime import ExecutionObserver, combine_observers, run_schedule, worker_for, workers_of
+from ..runtime import cuda_lane as cuda
+from ..runtime.collectives import check_device_backend
 from ..runtime.errors import CommunicationError, HookFailedError
+from ..runtime.names import NATIVE, has_schedule
+from ..runtime.native import run_native
+from ..runtime.selection import AUTO, AutoSelector
 from ..schedules import Schedule, checked_schedule
 from ..telemetry import Sink, Telemetry
-from .auto import AUTO, AutoSelector
 from .layout_check import BucketLayout, check_bucket_layout
 from .validation import check_algorithm_name, validate_bucket, validate_group
 
@@ -41,11 +49,15 @@ class HookState:
 
     Args:
         process_group: the group to reduce over; ``None`` means the default (WORLD) group.
-        algorithm: the all-reduce algorithm, one of :data:`ddp_ring_hooks.ALGORITHMS`, or
-            ``"auto"``: per bucket, the fastest under a cost model calibrated by a short
-            collective probe right here (so every rank must build its state together); options
-            ``calibration=``, ``local_size=``, ``segments=``, ``candidates=``, see
-            :class:`~ddp_ring_hooks.hooks.auto.AutoSelector`.
+        algorithm: the all-reduce algorithm, one of :data:`ddp_ring_hooks.ALGORITHMS`;
+            ``"native"``: the group's own ``all_reduce``, bit-identical to DDP without a hook,
+            with this hook's telemetry; or ``"auto"``: per bucket, the fastest (``native``
+            included) under a cost model calibrated by a short collective probe right here
+            (so every rank must build its state together); options ``calibration=``,
+            ``local_size=``, ``segments=``, ``candidates=``, see
+            :class:`~ddp_ring_hooks.runtime.selection.AutoSelector`.
+        device: the model's device, where ``auto``'s probe runs (``register`` passes the DDP
+            model's; default: the current GPU on NCCL, else the CPU).
         log_dir, log_every, trace_steps, per_rank, spread_every, sinks: per-bucket
             communication timing (TensorBoard, trace, summary), see
             :class:`~ddp_ring_hooks.telemetry.Telemetry`; or pass a ready ``telemetry=``.
@@ -108,6 +120,7 @@ class HookState:
         observers: tuple[ExecutionObserver, ...] = (),
         check_layout_steps: int = 2,
         concurrent_buckets: int = 2,
+        device: torch.device | str | None = None,
         **algorithm_options,
     ) -> None:
         if not isinstance(check_layout_steps, int) or check_layout_steps < 0:
@@ -126,7 +139,8 @@ class HookState:
         self._reductions_here = 0
         self._bucket_index = 0
         self._failure: CommunicationError | None = None
-        self._auto = AutoSelector.probed(self.group, **algorithm_options) if algorithm == AUTO else None
+        self._auto = AutoSelector.probed(self.group, device=device, **algorithm_options) if algorithm == AUTO else None
+        cuda.prepare(self.group)  # NCCL: the side groups, made while every rank is here
         if telemetry is not None and (log_dir is not None or trace_steps is not None or sinks):
             raise ValueError(
                 "pass either telemetry=Telemetry(...) or the telemetry options (log_dir, "
@@ -152,32 +166,35 @@ class HookState:
 
     # -- reducing a bucket ---------------------------------------------------------------
 
-    def schedule_for(self, buffer: torch.Tensor) -> Schedule:
-        """The (checked, cached) schedule used for this buffer."""
+    def schedule_for(self, buffer: torch.Tensor) -> Schedule | None:
+        """The (checked, cached) schedule used for this buffer; ``None`` for ``native``."""
         if self._auto is not None:
             algorithm, options = self._auto.choose(buffer.numel() * buffer.element_size())
-            return checked_schedule(algorithm, self.world_size, **options)
-        return checked_schedule(self.algorithm, self.world_size, **self.algorithm_options)
+        else:
+            algorithm, options = self.algorithm, self.algorithm_options
+        return checked_schedule(algorithm, self.world_size, **options) if has_schedule(algorithm) else None
 
-    def lanes_for(self, buffer: torch.Tensor) -> int:
+    def lanes_for(self, buffer: torch.Tensor, schedule: Schedule | None = None) -> int:
         """Worker lanes the buckets go to, round robin: ``concurrent_buckets`` on CPU; one with
-        ``observers`` (they see whole all-reduces in order); none (1) on CUDA, where the hook
-        only enqueues work on the stream."""
-        return 1 if buffer.is_cuda or self.observers else self.concurrent_buckets
+        ``observers`` (they see whole all-reduces in order); none (1) on CUDA (one worker per
+        device) and for ``native`` (no worker)."""
+        return 1 if buffer.is_cuda or self.observers or schedule is None else self.concurrent_buckets
 
     def reduce_bucket(self, buffer: torch.Tensor, *, is_last: bool) -> torch.futures.Future:
         """Average ``buffer`` over the group in place; the Future holds ``buffer``."""
         validate_bucket(buffer)
         bucket, self._bucket_index = self._bucket_index, 0 if is_last else self._bucket_index + 1
         checking_layout = self._reductions_here < self.check_layout_steps
-        if checking_layout:
+        if checking_layout or self._reductions_here == 0:
             validate_group(self.process_group)
+            check_device_backend(buffer.device.type, str(dist.get_backend(self.group)))
         schedule = self.schedule_for(buffer)
-        lanes = self.lanes_for(buffer)
+        lanes = self.lanes_for(buffer, schedule)
         if checking_layout:
+            # On NCCL, on a gloo group with the same ranks: no CUDA tensor, no host sync.
             check_bucket_layout(
                 BucketLayout(bucket, buffer.numel(), buffer.dtype, is_last, schedule, lanes),
-                group=self.group, iteration=self.iteration,
+                group=cuda.control_group(self.group), iteration=self.iteration,
             )
         iteration = self.iteration  # reductions done before this one
         step = iteration + 1  # the optimizer step this reduction belongs to
@@ -187,29 +204,43 @@ class HookState:
         # Taken now, on the hook thread: "handed over" starts queue_ms and exposed_ms.
         observer = combine_observers(
             self.telemetry.observe_bucket(
-                buffer, step=step, index=bucket, is_last=is_last, algorithm=schedule.algorithm, group=self.group
+                buffer, step=step, index=bucket, is_last=is_last,
+                algorithm=schedule.algorithm if schedule is not None else NATIVE, group=self.group,
             ),
             *self.observers,
         )
+        return self._launch(schedule, buffer, observer, bucket=bucket, iteration=iteration, lane=bucket % lanes)
+
+    def _launch(
+        self, schedule: Schedule | None, buffer: torch.Tensor, observer: ExecutionObserver, *,
+        bucket: int, iteration: int, lane: int,
+    ) -> torch.futures.Future:
+        """The one place that picks how a bucket is reduced (see the module docstring)."""
+        if schedule is None:  # native: the group's own all-reduce, DDP's scaling
+            return run_native(buffer, group=self.group, observer=observer, average=True)
         if buffer.is_cuda:
-            self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration)
-            future = torch.futures.Future(devices=[buffer.device])
-            future.set_result(buffer)
-            return future
-        lane = bucket % lanes
+            # Order the side stream after the kernels that produced this bucket (now, on the
+            # GPU: no host wait); the worker enqueues everything else on that stream.
+            cuda.stream_after_current(buffer.device)
+            side = cuda.cuda_lane(self.group, buffer.device)
+            job = lambda: self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration, group=side.group)  # noqa: E731
+            return side.worker.submit(job, devices=[buffer.device]).then(_value_or_raise)
         job = lambda: self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration, tag=lane)  # noqa: E731
         # DDP reads a failed Python Future as a value ("Unable to cast ... to Tensor"); a
         # callback that re-raises turns it into a real error that keeps our message.
         return worker_for(self.group, lane).submit(job).then(_value_or_raise)
 
     def _average(
-        self, schedule: Schedule, buffer: torch.Tensor, observer: ExecutionObserver, tag: int
+        self, schedule: Schedule, buffer: torch.Tensor, observer: ExecutionObserver, tag: int,
+        group: dist.ProcessGroup | None = None,
     ) -> torch.Tensor:
-        return run_schedule(schedule, buffer, group=self.group, observer=observer, divisor=schedule.world_size, tag=tag)
+        return run_schedule(
+            schedule, buffer, group=group or self.group, observer=observer, divisor=schedule.world_size, tag=tag
+        )
 
     def _average_or_explain(
         self, schedule: Schedule, buffer: torch.Tensor, observer: ExecutionObserver, *,
-        bucket: int, iteration: int, tag: int = 0,
+        bucket: int, iteration: int, tag: int = 0, group: dist.ProcessGroup | None = None,
     ) -> torch.Tensor:
         """:meth:`_average`, with failures that name the hook and bucket; once communication
         failed, every later bucket fails at once instead of waiting for the timeout again."""
@@ -219,7 +250,7 @@ class HookState:
                 f"earlier one failed: {self._failure}"
             )
         try:
-            return self._average(schedule, buffer, observer, tag)
+            return self._average(schedule, buffer, observer, tag, group)
         except RuntimeError as error:  # backend errors (DistBackendError) and StepFailedError
             self._failure = HookFailedError(
                 hook="ring_hook", bucket=bucket, iteration=iteration, numel=buffer.numel(),

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..runtime import names
 from ..schedules import BUILDERS, checked_schedule
-from .auto import AUTO
 
 if TYPE_CHECKING:
     from .state import HookState
@@ -44,8 +44,12 @@ def validate_registration(module: nn.Module, group: dist.ProcessGroup | None) ->
 
 def validate_state(state: HookState) -> None:
     """After the state is built: its algorithm and options make a schedule for its group."""
-    if state.algorithm != AUTO:  # "auto" builds and checks its candidates itself
+    if names.has_schedule(state.algorithm):  # "auto" checks its candidates itself
         validate_algorithm(state.algorithm, state.world_size, state.algorithm_options)
+    elif state.algorithm == names.NATIVE and state.algorithm_options:  # no schedule, no options
+        raise ValueError(
+            f"the native all-reduce takes no algorithm options; got {', '.join(sorted(state.algorithm_options))}"
+        )
 
 
 def validate_group(group: dist.ProcessGroup | None) -> None:
@@ -74,9 +78,9 @@ def validate_group(group: dist.ProcessGroup | None) -> None:
 
 
 def check_algorithm_name(algorithm: str) -> None:
-    """Refuse a name the hook does not know: a schedule builder's name or ``"auto"``."""
-    if algorithm != AUTO and algorithm not in BUILDERS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(BUILDERS)}, or {AUTO}")
+    """Refuse a name the hook does not know: a schedule, ``"native"`` or ``"auto"`` (one list
+    for every entry point: :func:`ddp_ring_hooks.runtime.names.check_algorithm_name`)."""
+    names.check_algorithm_name(algorithm)
 
 
 def validate_algorithm(algorithm: str, world_size: int, options: dict) -> None:

@@ -1,4 +1,4 @@
-"""``all_reduce``: the executor behind a ``dist.all_reduce``-like call, usable outside DDP."""
+"""``all_reduce``: the executors behind a ``dist.all_reduce``-like call, usable outside DDP."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ import torch
 import torch.distributed as dist
 
 from ..schedules import checked_schedule
+from .collectives import check_device_backend
 from .executor import run_schedule
+from .names import AUTO, NATIVE, check_algorithm_name
+from .native import run_native
 from .observer import NULL_OBSERVER, ExecutionObserver
+from .selection import selector_for
 
 
 def all_reduce(
@@ -20,23 +24,39 @@ def all_reduce(
 ) -> torch.Tensor:
     """Sum ``tensor`` over the ranks of ``group`` in place, using ``algorithm``; return it.
 
+    ``algorithm``: a schedule (:data:`ddp_ring_hooks.ALGORITHMS`), ``"native"`` (the group's
+    own ``all_reduce``) or ``"auto"`` (per size, the candidate a calibrated cost model predicts
+    fastest; the first call with given options probes every candidate, collectively, and is
+    remembered per group; options ``candidates=``, ``local_size=``, ``segments=``,
+    ``calibration=``, as for the hook).
+
     Every rank ends with bit-identical values. Any shape and element count works (including
     0 and fewer elements than ranks); the sum happens in the tensor's dtype. On CUDA with NCCL
-    the call only enqueues work on the current stream, like ``dist.all_reduce``.
+    the call only enqueues work (the current stream then waits for it), like ``dist.all_reduce``.
 
     Example::
 
         >>> grad = torch.full((10,), float(dist.get_rank() + 1))
         >>> ddp_ring_hooks.all_reduce(grad)          # every rank: 1 + 2 + ... + p
+        >>> ddp_ring_hooks.all_reduce(grad, algorithm="auto")
     """
+    check_algorithm_name(algorithm)
     if tensor.dtype == torch.bool:
         raise TypeError("all_reduce cannot sum bool tensors; convert to an integer dtype first")
     if tensor.is_sparse:
         raise TypeError("all_reduce works on dense tensors; call tensor.to_dense() first")
-    schedule = checked_schedule(algorithm, dist.get_world_size(group), **options)
+    check_device_backend(tensor.device.type, str(dist.get_backend(group)))
+    if algorithm == AUTO:
+        algorithm, options = selector_for(group, device=tensor.device, **options).choose(tensor.numel() * tensor.element_size())
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     flat = (torch.view_as_real(work) if work.is_complex() else work).view(-1)
-    run_schedule(schedule, flat, group=group, observer=observer)
+    if algorithm == NATIVE:
+        if options:
+            raise ValueError(f"the native all-reduce takes no options; got {', '.join(sorted(options))}")
+        run_native(flat, group=group, observer=observer).wait()
+    else:
+        schedule = checked_schedule(algorithm, dist.get_world_size(group), **options)
+        run_schedule(schedule, flat, group=group, observer=observer)
     if work is not tensor:
         tensor.copy_(work)
     return tensor

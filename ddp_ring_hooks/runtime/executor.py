@@ -20,7 +20,9 @@ the chunk as it was before the step, exactly as the schedule's in-memory replay 
   (``addcdiv``). DDP's own reducer fuses its division the same way, into the copy of the
   gradients into the bucket: a separate pass over the whole bucket costs ~5% of a step.
 - On CUDA with NCCL, ``wait()`` only makes the current stream wait for the NCCL stream and the
-  additions are enqueued on the current stream: the host is never blocked.
+  additions are enqueued on the current stream: the host is never blocked. In the hook the
+  current stream is the communication side stream of a worker thread
+  (:mod:`~ddp_ring_hooks.runtime.cuda_lane`), so backward's compute stream never waits.
 - The schedule's ranks are ranks *of the group*, which is what the group's own
   ``send``/``recv`` (and ``P2POp(group_peer=...)`` on NCCL) take, so subgroups from
   ``dist.new_group`` work.
@@ -43,7 +45,10 @@ along the same chain as without lanes: results stay bit-identical. The window dr
 each phase boundary, so observers see a phase's steps before the next phase starts. Scratch
 space (one slot per transfer in flight) is kept per thread and reused: a fresh buffer of
 tens of MB costs a page fault per 4 KB on every call. CUDA keeps one lane: NCCL pipelines
-its transfers itself, and the caching allocator already reuses memory, stream-safely.
+its transfers itself. On CUDA the scratch is kept per thread, device, dtype *and stream*:
+reusing it is safe only because every use is ordered on that one stream (a receive into it is
+launched by NCCL after the stream's earlier additions, which ProcessGroupNCCL orders by making
+its stream wait for the current one).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ import torch
 import torch.distributed as dist
 
 from ..schedules import Op, Schedule
+from .compat import p2p_op
 from .errors import StepFailedError
 from .observer import NULL_OBSERVER, ExecutionObserver
 from .program import Complete, Message, Post, Program, Unit, chunk_sizes, program_for
@@ -135,14 +141,15 @@ class _Execution:
         self.tag = tag
         self.observer = observer
         self.segments = flat.split(program.segment_sizes)
-        # Scratch is reused per thread on CPU: a fresh buffer of tens of MB costs a page fault
-        # per 4 KB on every call. CUDA's caching allocator already reuses memory, stream-safely.
+        # Scratch is reused (see the module docstring): a fresh buffer of tens of MB costs a
+        # page fault per 4 KB on every call on CPU, an allocator round trip per bucket on CUDA.
         numel = program.scratch_numel
-        self.scratch = _reused_buffer(flat, numel) if on_cpu else flat.new_empty(numel)
-        # On CPU, dividing by a 0-dim tensor takes the vectorized kernel (2.6x faster than by a
-        # Python number, measured) and lets addcdiv fuse divide-and-add. On CUDA a tensor
-        # divisor would be copied from the host, so there it stays a number.
-        self.divisor = torch.tensor(divisor, dtype=flat.dtype) if on_cpu and divisor != 1 else divisor
+        self.scratch = _reused_buffer(flat, numel)
+        # A 0-dim tensor divisor: on CPU it takes the vectorized kernel (2.6x faster than a
+        # Python number, measured); on both it lets addcdiv fuse divide-and-add into one
+        # kernel. On CUDA it lives on the device (made by a fill kernel, not a host copy, and
+        # cached), so no kernel reads host memory and nothing syncs.
+        self.divisor = _divisor_tensor(flat, divisor) if divisor != 1 else divisor
         self.start = _start_on_cpu if on_cpu else _start_batched
 
     def run(self) -> None:
@@ -193,10 +200,8 @@ class _Execution:
                 segment.copy_(received)
             elif not landing.divide:
                 segment.add_(received)
-            elif isinstance(divisor, torch.Tensor):
-                torch.addcdiv(received, segment, divisor, out=segment)
             else:
-                segment.div_(divisor).add_(received)
+                torch.addcdiv(received, segment, divisor, out=segment)
         if event.ends_step:
             step = event.unit.step
             self.observer.on_step(step, self.schedule.plan_for(self.rank)[step], self.program.chunk_bytes)
@@ -238,26 +243,47 @@ def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
 def _start_batched(execution: _Execution, unit: Unit) -> list[dist.Work]:
     """Start a unit as one ``batch_isend_irecv`` group: NCCL needs that, or a send posted
     before its peer's receive could deadlock."""
-    ops = [
-        dist.P2POp(dist.isend, execution.segments[m.segment], group=execution.group, group_peer=m.peer)
-        for m in unit.sends
-    ] + [dist.P2POp(dist.irecv, execution.buffer(m), group=execution.group, group_peer=m.peer) for m in unit.receives]
+    group = execution.group
+    ops = [p2p_op(dist.isend, execution.segments[m.segment], group=group, peer=m.peer) for m in unit.sends]
+    ops += [p2p_op(dist.irecv, execution.buffer(m), group=group, peer=m.peer) for m in unit.receives]
     return dist.batch_isend_irecv(ops) if ops else []
 
 
 _reusable = threading.local()
 
 
-def _reused_buffer(flat: torch.Tensor, numel: int) -> torch.Tensor:
-    """A CPU buffer of ``numel`` elements, kept per thread and dtype, grown when too small.
+def _cache_key(flat: torch.Tensor) -> tuple:
+    """Per dtype on CPU; per device, dtype and current stream on CUDA (see the docstring)."""
+    if flat.device.type == "cpu":
+        return (flat.dtype,)
+    return (flat.dtype, flat.device, torch.cuda.current_stream(flat.device).cuda_stream)
 
-    Per thread, because the comm worker and the main thread may run schedules at the same
+
+def _cache() -> dict:
+    cache = getattr(_reusable, "buffers", None)
+    if cache is None:
+        cache = _reusable.buffers = {}
+    return cache
+
+
+def _reused_buffer(flat: torch.Tensor, numel: int) -> torch.Tensor:
+    """A buffer of ``numel`` elements like ``flat``, kept per thread (see :func:`_cache_key`),
+    grown when too small.
+
+    Per thread, because the comm workers and the main thread may run schedules at the same
     time. Its size is bounded by ``SEGMENTS_IN_FLIGHT`` segments of staged receives.
     """
-    buffers = getattr(_reusable, "buffers", None)
-    if buffers is None:
-        buffers = _reusable.buffers = {}
-    buffer = buffers.get(flat.dtype)
+    cache, key = _cache(), ("scratch", *_cache_key(flat))
+    buffer = cache.get(key)
     if buffer is None or buffer.numel() < numel:
-        buffer = buffers[flat.dtype] = torch.empty(numel, dtype=flat.dtype)
+        buffer = cache[key] = flat.new_empty(numel)
     return buffer[:numel]
+
+
+def _divisor_tensor(flat: torch.Tensor, divisor: int) -> torch.Tensor:
+    """``divisor`` as a 0-dim tensor of ``flat``'s dtype and device, made once per thread."""
+    cache, key = _cache(), ("divisor", divisor, *_cache_key(flat))
+    tensor = cache.get(key)
+    if tensor is None:
+        tensor = cache[key] = torch.full((), divisor, dtype=flat.dtype, device=flat.device)
+    return tensor

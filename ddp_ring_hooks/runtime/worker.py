@@ -33,15 +33,21 @@ _STOP = object()
 class CommWorker:
     """One daemon thread, started on the first job, fed through a FIFO queue."""
 
-    def __init__(self, name: str = "ddp-ring-hooks-comm") -> None:
+    def __init__(self, name: str = "ddp-ring-hooks-comm", *, on_start: Callable[[], None] | None = None) -> None:
         self._name = name
+        # Run first on every thread this worker starts (a CUDA lane sets its device and stream).
+        self._on_start = on_start
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def submit(self, job: Callable[[], Result]) -> torch.futures.Future:
-        """Queue ``job``; the returned Future completes with its result or exception."""
-        future: torch.futures.Future = torch.futures.Future()
+    def submit(self, job: Callable[[], Result], *, devices: list[torch.device] | None = None) -> torch.futures.Future:
+        """Queue ``job``; the returned Future completes with its result or exception.
+
+        ``devices``: the CUDA devices of the result's tensors; the Future then records its
+        completion on the worker thread's current streams, and ``wait()`` makes the waiter's
+        streams wait for them (no host sync)."""
+        future: torch.futures.Future = torch.futures.Future(devices=devices)
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
@@ -63,12 +69,20 @@ class CommWorker:
         thread.join()
 
     def _run(self) -> None:
+        failed_start: BaseException | None = None
+        if self._on_start is not None:
+            try:
+                self._on_start()
+            except BaseException as error:  # noqa: BLE001 - then every job fails with it, none hangs
+                failed_start = error
         while True:
             item = self._jobs.get()
             if item is _STOP:
                 return
             job, future = item
             try:
+                if failed_start is not None:
+                    raise RuntimeError(f"the communication thread could not start: {failed_start}") from failed_start
                 result = job()
             except BaseException as error:  # noqa: BLE001 - every failure must reach the Future
                 future.set_exception(error)
@@ -82,13 +96,16 @@ _WORKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _WORKERS_LOCK = threading.Lock()
 
 
-def worker_for(group: object, lane: int = 0) -> CommWorker:
-    """The worker shared by every job of ``lane`` on ``group`` (a process group), made on first use."""
+def worker_for(group: object, lane: object = 0, *, on_start: Callable[[], None] | None = None) -> CommWorker:
+    """The worker shared by every job of ``lane`` on ``group`` (a process group), made on first
+    use (with ``on_start``, see :class:`CommWorker`). Lanes are gloo tags (ints) on CPU, and
+    ``("cuda", device index)`` for a CUDA lane."""
     with _WORKERS_LOCK:
         lanes = _WORKERS.setdefault(group, {})
         worker = lanes.get(lane)
         if worker is None:
-            worker = lanes[lane] = CommWorker(name=f"ddp-ring-hooks-comm-{lane}")
+            name = f"ddp-ring-hooks-comm-{lane}" if isinstance(lane, int) else f"ddp-ring-hooks-cuda-{lane[1]}"
+            worker = lanes[lane] = CommWorker(name=name, on_start=on_start)
         return worker
 
 

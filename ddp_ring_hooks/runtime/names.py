@@ -1,0 +1,41 @@
+"""The algorithm names an all-reduce can be asked for, checked in one place.
+
+Three kinds of name reach the runtime:
+
+- a schedule (:data:`ddp_ring_hooks.ALGORITHMS`: ring, tree, ...): run by the executor from
+  point-to-point operations;
+- ``"native"``: the process group's own ``all_reduce`` (NCCL's fused ring/tree kernel, gloo's
+  C++ algorithms), run by :func:`~ddp_ring_hooks.runtime.native.run_native`. It has no
+  schedule, so it cannot be explained, animated or priced by a formula of its own;
+- ``"auto"``: a per-size choice among the others (:mod:`~ddp_ring_hooks.runtime.selection`).
+
+Every caller that takes a name (``all_reduce``, ``HookState``, ``register``, the Lightning
+strategy, ``bench``) validates it with :func:`check_algorithm_name`, so a new kind of
+algorithm is accepted everywhere by changing this module only.
+"""
+
+from __future__ import annotations
+
+from .. import schedules
+
+#: The group's own all-reduce (no schedule).
+NATIVE = "native"
+#: Per bucket size, the fastest candidate under a calibrated cost model.
+AUTO = "auto"
+
+
+def runnable_algorithms() -> tuple[str, ...]:
+    """Every algorithm that reduces a tensor by itself: the schedules, then ``native``."""
+    return (*schedules.ALGORITHMS, NATIVE)
+
+
+def has_schedule(algorithm: str) -> bool:
+    """Whether ``algorithm`` is run by the executor from a schedule (``native`` is not)."""
+    return algorithm in schedules.BUILDERS
+
+
+def check_algorithm_name(algorithm: object, *, allow_auto: bool = True) -> None:
+    """Raise ``ValueError`` naming the choices unless ``algorithm`` is a known name."""
+    known = runnable_algorithms() + ((AUTO,) if allow_auto else ())
+    if algorithm not in known:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(known)}")

@@ -7,7 +7,7 @@ turn, so a burst of noise on a shared machine hits every algorithm alike::
 
     for size in sizes:                  # -b 4K -e 64M -f 2: 4K, 8K, ..., 64M
         for round in rounds:            # the reported time is the median over rounds
-            for algorithm in algorithms:    # ring, tree, ..., native (= dist.all_reduce)
+            for algorithm in algorithms:    # ring, tree, ..., auto, native (the group's all_reduce)
                 check once  ->  warm up (-w)  ->  barrier, time -n calls, slowest rank
 
 1. **Check.** Every rank fills the buffer with its own random input and runs the algorithm
@@ -43,15 +43,14 @@ import torch
 import torch.distributed as dist
 
 from .cost_model import Calibration, fit_per_algorithm
-from .hooks.auto import AUTO, AutoSelector
 from .progress import progress_bar
 from .runtime import all_reduce
 from .runtime.collectives import time_calls
+from .runtime.names import AUTO, NATIVE, runnable_algorithms
 from .schedules import ALGORITHMS
 from .telemetry.records import bandwidths_GBps
 
 #: ``dist.all_reduce`` (the backend's own algorithm): the baseline every sweep includes.
-NATIVE = "native"
 
 #: Element types by the names nccl-tests' ``-d`` takes (and torch's own names).
 DTYPES: dict[str, torch.dtype] = {
@@ -182,34 +181,23 @@ def run_sweep(
 
 def check_algorithms(algorithms: Sequence[str]) -> None:
     """Raise ``ValueError`` naming the known algorithms if one of ``algorithms`` is unknown."""
-    unknown = [name for name in algorithms if name not in ALGORITHMS and name not in (AUTO, NATIVE)]
+    known = (*runnable_algorithms(), AUTO)
+    unknown = [name for name in algorithms if name not in known]
     if unknown:
-        raise ValueError(
-            f"unknown algorithm(s) {', '.join(map(repr, unknown))}; choose from {', '.join([*ALGORITHMS, AUTO, NATIVE])}"
-        )
+        raise ValueError(f"unknown algorithm(s) {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
     if not algorithms:
         raise ValueError("no algorithm to benchmark; name at least one")
 
 
 def _callers(algorithms: Sequence[str], group, options: Mapping[str, Mapping]) -> dict:
-    """One ``call(buffer)`` per algorithm; ``auto`` probes and calibrates here, once."""
-    callers = {}
-    for name in algorithms:
-        if name == NATIVE:
-            callers[name] = lambda buffer: dist.all_reduce(buffer, group=group)
-        elif name == AUTO:
-            callers[name] = _auto_caller(AutoSelector.probed(group, **options.get(name, {})), group)
-        else:
-            callers[name] = functools.partial(all_reduce, algorithm=name, group=group, **options.get(name, {}))
-    return callers
-
-
-def _auto_caller(selector: AutoSelector, group):
-    def call(buffer: torch.Tensor) -> torch.Tensor:
-        algorithm, schedule_options = selector.choose(buffer.numel() * buffer.element_size())
-        return all_reduce(buffer, algorithm=algorithm, group=group, **schedule_options)
-
-    return call
+    """One ``call(buffer)`` per algorithm, all through :func:`~ddp_ring_hooks.all_reduce`, so
+    the benchmark runs what the hook runs: ``native`` is the hook's native executor, ``auto``
+    probes on its first call (the correctness check, on every rank at once) and then chooses
+    per size with the hook's own :class:`~ddp_ring_hooks.runtime.selection.AutoSelector`."""
+    return {
+        name: functools.partial(all_reduce, algorithm=name, group=group, **options.get(name, {}))
+        for name in algorithms
+    }
 
 
 def model_errors(

@@ -34,8 +34,10 @@ def run_ranks(
     *args: Any,
     timeout: float = 60.0,
     pg_timeout: float | None = None,
+    backend: str = "gloo",
 ) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return their results."""
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks (gloo unless ``backend``
+    says otherwise, e.g. ``"nccl"`` for the GPU tests); return their results."""
     context = mp.get_context("spawn")
     results: queue_module.Queue = context.Queue()
     with tempfile.TemporaryDirectory() as directory:
@@ -43,7 +45,7 @@ def run_ranks(
         processes = [
             context.Process(
                 target=_rank_main,
-                args=(fn, rank, world_size, store, pg_timeout or timeout, results, args),
+                args=(fn, rank, world_size, store, pg_timeout or timeout, results, args, backend),
                 daemon=True,
             )
             for rank in range(world_size)
@@ -92,7 +94,7 @@ def _collect(results, processes, timeout: float) -> dict[int, tuple[bool, Any]]:
     return collected
 
 
-def _rank_main(fn, rank, world_size, store_path, pg_timeout, results, args) -> None:
+def _rank_main(fn, rank, world_size, store_path, pg_timeout, results, args, backend="gloo") -> None:
     import torch
     import torch.distributed as dist
 
@@ -100,7 +102,7 @@ def _rank_main(fn, rank, world_size, store_path, pg_timeout, results, args) -> N
     try:
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group(
-            "gloo",
+            backend,
             store=store,
             rank=rank,
             world_size=world_size,

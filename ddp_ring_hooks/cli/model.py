@@ -16,7 +16,16 @@ import re
 import textwrap
 
 from ..cost_model import coefficients, predict
+from ..runtime.names import NATIVE
 from ..schedules import ALGORITHMS
+
+#: What ``model`` says about ``native`` instead of a number.
+NATIVE_NOTE = (
+    "native: no formula. It is the process group's own all_reduce (NCCL or gloo pick their ring, tree "
+    "or other algorithm inside, per size and topology), so there is no schedule to price; measure it "
+    "with 'ddp-ring-hooks bench --algorithms ring,native' or in training with "
+    "register(model, algorithm=\"native\", log_dir=...)."
+)
 from ..viz.text import format_seconds
 from . import fail
 
@@ -110,9 +119,11 @@ def run(args: argparse.Namespace) -> int:
         algorithms = [a.strip() for a in args.algorithms.split(",")]
         if args.local_size and "hierarchical" not in algorithms:
             algorithms.append("hierarchical")
-        unknown = [a for a in algorithms if a not in ALGORITHMS]
+        unknown = [a for a in algorithms if a not in ALGORITHMS and a != NATIVE]
         if unknown or min(world_sizes) < 1 or args.segments < 1:
-            raise ValueError(f"algorithms must be among {', '.join(ALGORITHMS)}, world sizes >= 1 and segments >= 1")
+            raise ValueError(
+                f"algorithms must be among {', '.join((*ALGORITHMS, NATIVE))}, world sizes >= 1 and segments >= 1"
+            )
     except ValueError as error:
         return fail("model", str(error))
     for index, nbytes in enumerate(sizes):
@@ -132,6 +143,9 @@ def render_table(nbytes, world_sizes, algorithms, params, local, local_size, seg
     header = ["algorithm"] + [f"p={p}" for p in world_sizes]
     rows = [header]
     for algorithm in algorithms:
+        if algorithm == NATIVE:  # no schedule, so no formula: say so instead of guessing
+            rows.append([NATIVE] + ["n/a"] * len(world_sizes))
+            continue
         label = f"{algorithm} ({local_size}/node)" if algorithm == "hierarchical" else algorithm
         if algorithm == "tree" and segments > 1:
             label = f"tree ({segments} segments)"
@@ -147,7 +161,10 @@ def render_table(nbytes, world_sizes, algorithms, params, local, local_size, seg
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
-    lines += [textwrap.fill(line, width=100, subsequent_indent="  ") for line in explain(nbytes, world_sizes, params, segments)]
+    notes = explain(nbytes, world_sizes, params, segments)
+    if NATIVE in algorithms:
+        notes.append(NATIVE_NOTE)
+    lines += [textwrap.fill(line, width=100, subsequent_indent="  ") for line in notes]
     return "\n".join(lines)
 
 

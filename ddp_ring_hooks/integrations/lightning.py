@@ -45,7 +45,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -69,7 +69,8 @@ class RingDDPStrategy(DDPStrategy):
     """``DDPStrategy`` whose gradients are averaged by :func:`~ddp_ring_hooks.ring_hook`.
 
     Args:
-        algorithm: the all-reduce algorithm, one of :data:`ddp_ring_hooks.ALGORITHMS`, or "auto".
+        algorithm: the all-reduce algorithm, one of :data:`ddp_ring_hooks.ALGORITHMS`, "native"
+            (the group's own all-reduce with this hook's telemetry), or "auto".
         algorithm_options: options of that algorithm's schedule builder.
         log_dir, log_every, trace_steps, per_rank, spread_every, sinks: the hook's telemetry
             (see :func:`ddp_ring_hooks.register`); all off by default.
@@ -274,8 +275,12 @@ class ThroughputLogger(pl.Callback):
     """Log samples/s (and tokens/s) of every optimizer step; keep this fit's steps in :attr:`history`.
 
     A step's time runs from the end of the previous optimizer step to the end of this one
-    (data loading, all its micro-batches, communication and the optimizer included); on CUDA
-    the device is synchronized first, so queued work counts. Samples are counted on this
+    (data loading, all its micro-batches, communication and the optimizer included). On CUDA
+    the step ends when the GPU gets there: a timing event is recorded on the current stream
+    at each step's end and read once it has completed (``query()``, never a synchronize, which
+    would stall the host every step and hide the very overlap being measured), so records
+    and their log lines arrive a step or two late, and the fit's end resolves the rest (one
+    synchronize per fit). Samples are counted on this
     rank and multiplied by the world size (every rank gets equal micro-batches under
     Lightning's DistributedSampler).
 
@@ -298,11 +303,15 @@ class ThroughputLogger(pl.Callback):
         self._window_samples = 0
         self._window_micro_batches = 0
         self._last_step = 0
+        # CUDA: (end event, record without seconds) of steps whose end the GPU has not reached.
+        self._in_flight: list[tuple[Any, Any, StepThroughput]] = []
+        self._window_event: Any = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.history = []  # the steps of this fit
         self._last_step = trainer.global_step
-        self._start_window()
+        self._in_flight = []
+        self._start_window(_cuda_mark(pl_module.device) if pl_module.device.type == "cuda" else None)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -311,17 +320,38 @@ class ThroughputLogger(pl.Callback):
         self._window_micro_batches += 1
         if trainer.global_step == self._last_step:  # still accumulating
             return
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
         record = StepThroughput(
             step=trainer.global_step,
             micro_batches=self._window_micro_batches,
             samples=self._window_samples * trainer.world_size,
             seconds=time.perf_counter() - self._window_start,
         )
-        self.history.append(record)
         self._last_step = trainer.global_step
+        if pl_module.device.type == "cuda":
+            start, end = self._window_event, _cuda_mark(pl_module.device)
+            self._in_flight.append((start, end, record))
+            self._start_window(end)
+            self._log_completed(trainer, wait=False)
+            return
         self._start_window()
+        self._log(trainer, record)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._log_completed(trainer, wait=True)  # the last steps' events: one synchronize per fit
+
+    def _log_completed(self, trainer: pl.Trainer, *, wait: bool) -> None:
+        """CUDA: turn the steps whose end event completed into records, oldest first."""
+        while self._in_flight:
+            start, end, record = self._in_flight[0]
+            if not wait and not end.query():
+                return
+            if wait:
+                end.synchronize()
+            self._in_flight.pop(0)
+            self._log(trainer, replace(record, seconds=start.elapsed_time(end) / 1e3))
+
+    def _log(self, trainer: pl.Trainer, record: StepThroughput) -> None:
+        self.history.append(record)
         metrics = {
             "throughput/samples_per_s": record.samples_per_s,
             "throughput/step_ms": 1e3 * record.seconds,
@@ -347,7 +377,16 @@ class ThroughputLogger(pl.Callback):
             median_step_seconds=statistics.median(record.seconds for record in measured),
         )
 
-    def _start_window(self) -> None:
+    def _start_window(self, event: Any = None) -> None:
+        # On CUDA the window also starts at an event (the previous step's end, or a fresh one).
+        self._window_event = event
         self._window_start = time.perf_counter()
         self._window_samples = 0
         self._window_micro_batches = 0
+
+
+def _cuda_mark(device: torch.device) -> torch.cuda.Event:
+    """A timing event recorded now on ``device``'s current stream (no wait)."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(device))
+    return event

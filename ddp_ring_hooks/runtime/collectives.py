@@ -5,6 +5,7 @@ nccl-tests does (the slowest rank's time)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -18,14 +19,18 @@ def device_of(group: dist.ProcessGroup | None, device: torch.device | str | None
     ``device`` (the model's or the bucket's) wins when given: on a GPU node every rank has its
     own GPU, and ``torch.cuda.current_device()`` is cuda:0 on every rank whose script relies
     on ``DDP(device_ids=[local_rank])`` without ``torch.cuda.set_device`` (NCCL then reports
-    "Duplicate GPU detected" or hangs). Without one: the CPU for a group with gloo, else the
-    current GPU (call ``torch.cuda.set_device(local_rank)`` first).
+    "Duplicate GPU detected" or hangs). Without one: the CPU unless the group has NCCL; with
+    NCCL, GPU ``LOCAL_RANK`` (set by torchrun) when this process sees that many GPUs, else the
+    current GPU (one GPU visible per process, or call ``torch.cuda.set_device`` first).
     """
     if device is not None:
         return torch.device(device)
-    if "nccl" in str(dist.get_backend(group)):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    if "nccl" not in str(dist.get_backend(group)):
+        return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", -1))
+    if 0 <= local_rank < torch.cuda.device_count():
+        return torch.device("cuda", local_rank)
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def backend_for(backend: str, device_type: str) -> str | None:

@@ -127,7 +127,8 @@ def prepare(group: dist.ProcessGroup | None) -> None:
     """At registration, on every rank: make the side groups a CUDA hook on ``group`` will use,
     while every rank is known to be here (a later first bucket would also work, but would
     put a store round trip into the first backward pass)."""
-    if carries_cuda(group):
+    # A state built before init_process_group makes them on its first CUDA bucket instead.
+    if dist.is_available() and dist.is_initialized() and carries_cuda(group):
         dedicated_group(group)
         control_group(group)
 

@@ -40,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import ddp_ring_hooks
 from ddp_ring_hooks.launch import run_on_ranks, under_torchrun
-from ddp_ring_hooks.runtime.names import AUTO, runnable_algorithms
+from ddp_ring_hooks.runtime.names import accepted_algorithms
 from mlp_steps import build_mlp_ddp, time_steps
 
 NO_HOOK, TORCH_HOOK, TELEMETRY_SUFFIX = "no-hook", "allreduce_hook", "+telemetry"
@@ -48,7 +48,7 @@ BASELINES = (NO_HOOK, TORCH_HOOK)
 
 
 def known_arms() -> tuple[str, ...]:
-    hooks = (*runnable_algorithms(), AUTO)
+    hooks = accepted_algorithms()
     return (*BASELINES, *hooks, *(name + TELEMETRY_SUFFIX for name in hooks))
 
 

@@ -46,7 +46,7 @@ from .cost_model import Calibration, fit_per_algorithm
 from .progress import progress_bar
 from .runtime import all_reduce
 from .runtime.collectives import time_calls
-from .runtime.names import AUTO, NATIVE, runnable_algorithms
+from .runtime.names import AUTO, NATIVE, accepted_algorithms
 from .schedules import ALGORITHMS
 from .telemetry.records import bandwidths_GBps
 
@@ -181,7 +181,7 @@ def run_sweep(
 
 def check_algorithms(algorithms: Sequence[str]) -> None:
     """Raise ``ValueError`` naming the known algorithms if one of ``algorithms`` is unknown."""
-    known = (*runnable_algorithms(), AUTO)
+    known = accepted_algorithms()
     unknown = [name for name in algorithms if name not in known]
     if unknown:
         raise ValueError(f"unknown algorithm(s) {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")

@@ -48,7 +48,7 @@ from char_lm import add_model_arguments, make_dataloader, model_from_args, quiet
 from lightning.pytorch.loggers import TensorBoardLogger
 from tqdm import tqdm
 
-from ddp_ring_hooks import ALGORITHMS
+from ddp_ring_hooks.runtime.names import accepted_algorithms
 from ddp_ring_hooks.integrations.lightning import (
     CommTimingLogger,
     RingDDPStrategy,
@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="first optimizer steps left out of the measurement (default: %(default)s)")
     parser.add_argument("--micro-batch", type=int, default=4,
                         help="sequences per rank per forward/backward (default: %(default)s)")
-    parser.add_argument("--algorithm", choices=ALGORITHMS, default="ring",
+    parser.add_argument("--algorithm", choices=accepted_algorithms(), default="ring",
                         help="all-reduce algorithm of the hook (default: %(default)s)")
     add_model_arguments(parser)
     parser.add_argument("--output-dir", default="runs/accumulation_sweep",

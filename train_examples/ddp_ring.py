@@ -21,11 +21,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import ddp_ring_hooks
+from ddp_ring_hooks.runtime.names import accepted_algorithms
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algorithm", default="ring", choices=ddp_ring_hooks.ALGORITHMS,
+    parser.add_argument("--algorithm", default="ring", choices=accepted_algorithms(),
                         help="all-reduce algorithm run by the hook (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (default: %(default)s)")

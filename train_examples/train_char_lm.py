@@ -22,7 +22,7 @@ import lightning.pytorch as pl
 from char_lm import add_model_arguments, make_dataloader, model_from_args, quiet_lightning, torchrun_placement
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from ddp_ring_hooks import ALGORITHMS
+from ddp_ring_hooks.runtime.names import accepted_algorithms
 from ddp_ring_hooks.integrations.lightning import CommTimingLogger, RingDDPStrategy, ThroughputLogger
 
 
@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategy", choices=("ddp_ring", "ddp"), default="ddp_ring",
                         help="ddp_ring: our hook; ddp: Lightning's plain DDP (default: %(default)s)")
-    parser.add_argument("--algorithm", choices=ALGORITHMS, default="ring",
+    parser.add_argument("--algorithm", choices=accepted_algorithms(), default="ring",
                         help="all-reduce algorithm of the hook (default: %(default)s)")
     parser.add_argument("--max-steps", type=int, default=200, help="optimizer steps to train (default: %(default)s)")
     parser.add_argument("--micro-batch", type=int, default=8,

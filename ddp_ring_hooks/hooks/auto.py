@@ -11,3 +11,8 @@ from ..runtime.selection import (  # noqa: F401 - re-exported
     schedule_options,
     selector_for,
 )
+
+__all__ = [
+    "AUTO", "NATIVE", "AutoSelector", "agreed_local_size", "calibrate", "default_candidates", "schedule_options",
+    "selector_for",
+]

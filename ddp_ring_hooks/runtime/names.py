@@ -29,6 +29,12 @@ def runnable_algorithms() -> tuple[str, ...]:
     return (*schedules.ALGORITHMS, NATIVE)
 
 
+def accepted_algorithms() -> tuple[str, ...]:
+    """Every name an algorithm argument takes: :func:`runnable_algorithms`, then ``auto``
+    (for ``argparse`` ``choices=`` and error messages)."""
+    return (*runnable_algorithms(), AUTO)
+
+
 def has_schedule(algorithm: str) -> bool:
     """Whether ``algorithm`` is run by the executor from a schedule (``native`` is not)."""
     return algorithm in schedules.BUILDERS
@@ -36,6 +42,6 @@ def has_schedule(algorithm: str) -> bool:
 
 def check_algorithm_name(algorithm: object, *, allow_auto: bool = True) -> None:
     """Raise ``ValueError`` naming the choices unless ``algorithm`` is a known name."""
-    known = runnable_algorithms() + ((AUTO,) if allow_auto else ())
+    known = accepted_algorithms() if allow_auto else runnable_algorithms()
     if algorithm not in known:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(known)}")

@@ -85,6 +85,12 @@ def _lightning_cases(rank: int, world_size: int, directory: str) -> dict:
         float((a - b).abs().max()) for a, b in zip(ring_parameters, plain_parameters)
     )
     results["ring_parameters"] = ring_parameters
+    # 1b. native through the strategy: bit-identical to Lightning's plain DDP.
+    _, native, native_parameters = fit(
+        ring_lightning.RingDDPStrategy("native", bucket_cap_mb=BUCKET_CAP_MB), max_steps=4
+    )
+    results["native_hook_reported"] = native.comm_hook
+    results["native_matches_plain_bitwise"] = all(a.equal(b) for a, b in zip(native_parameters, plain_parameters))
 
     # 2. Accumulation: 3 micro-batches per optimizer step; the hook reduces once per step.
     memory = MemorySink()
@@ -157,6 +163,12 @@ def test_ring_hook_losses_match_lightning_default_ddp(ranks):
     # Every rank ends with the same weights, bit for bit.
     for a, b in zip(ranks[0]["ring_parameters"], ranks[1]["ring_parameters"]):
         assert a.equal(b)
+
+
+def test_native_strategy_trains_bit_identically_to_lightning_ddp(ranks):
+    for result in ranks:
+        assert result["native_hook_reported"] == "ring_hook"
+        assert result["native_matches_plain_bitwise"]
 
 
 def test_accumulation_reduces_once_per_optimizer_step(ranks):

@@ -3,6 +3,7 @@
 Public API::
 
     all_reduce(tensor, *, algorithm="ring", group=None)      # sum in place, outside DDP
+    # algorithm: one of ALGORITHMS (schedules), "native" (the group's own all_reduce), "auto"
     HookState(process_group=None, algorithm="ring", ...)     # state for ...
     ring_hook(state, bucket)                                 # ... ddp.register_comm_hook
     register(ddp_model, *, algorithm="ring", process_group=None, **options)

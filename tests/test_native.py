@@ -154,3 +154,13 @@ def test_which_backend_carries_which_device(backend, device, carried):
             check_device_backend(device, backend)
     else:
         check_device_backend(device, backend)
+
+
+def test_model_says_native_has_no_formula(capsys):
+    from ddp_ring_hooks.cli.__main__ import main
+
+    assert main(["model", "--size", "1MB", "--world-sizes", "2,8", "--algorithms", "ring,native"]) == 0
+    out = capsys.readouterr().out
+    native_row = next(line for line in out.splitlines() if line.startswith("native "))
+    assert native_row.split()[1:] == ["n/a", "n/a"]
+    assert "native: no formula" in out

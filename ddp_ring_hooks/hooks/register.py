@@ -38,6 +38,8 @@ def register(
         >>> model = DistributedDataParallel(net)
         >>> state = ddp_ring_hooks.register(model, algorithm="ring")
         >>> state = ddp_ring_hooks.register(model, log_dir="runs/ring", log_every=10)
+        >>> # DDP's own all-reduce (NCCL/gloo), bit-identical to no hook, timed per bucket:
+        >>> state = ddp_ring_hooks.register(model, algorithm="native", log_dir="runs/native")
     """
     if not isinstance(ddp_model, DistributedDataParallel):
         raise TypeError(

@@ -19,14 +19,13 @@ hooks that were attached without :func:`~ddp_ring_hooks.register`. What one rank
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..schedules import BUILDERS, checked_schedule
+from ..schedules import checked_schedule, get_algorithm
 from .auto import AUTO
 
 if TYPE_CHECKING:
@@ -74,25 +73,19 @@ def validate_group(group: dist.ProcessGroup | None) -> None:
 
 
 def check_algorithm_name(algorithm: str) -> None:
-    """Refuse a name the hook does not know: a schedule builder's name or ``"auto"``."""
-    if algorithm != AUTO and algorithm not in BUILDERS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(BUILDERS)}, or {AUTO}")
+    """Refuse a name the hook does not know: a registered algorithm or ``"auto"``."""
+    if algorithm != AUTO:
+        get_algorithm(algorithm)
 
 
 def validate_algorithm(algorithm: str, world_size: int, options: dict) -> None:
-    """Build and prove the schedule of a known algorithm (:func:`check_algorithm_name` ran
-    when the state was built), turning a builder's complaint into a message with context."""
-    accepted = _builder_options(algorithm)
-    unknown = sorted(set(options) - set(accepted)) if accepted is not None else []
-    if unknown:
-        raise ValueError(
-            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} for "
-            f"the {algorithm} algorithm; it accepts "
-            f"{', '.join(map(repr, accepted)) if accepted else 'no options'}"
-        )
+    """Build and prove the schedule of a known algorithm (its options were checked when the
+    state was built), turning a builder's complaint about the group size into a message with context."""
+    if get_algorithm(algorithm).build is None:
+        return
     try:
         checked_schedule(algorithm, world_size, **options)
-    except (TypeError, ValueError) as error:
+    except ValueError as error:
         shown = ", ".join(f"{k}={v!r}" for k, v in sorted(options.items())) or "no options"
         raise ValueError(
             f"the {algorithm} algorithm cannot run on this process group of {world_size} ranks "
@@ -130,15 +123,3 @@ def validate_bucket(buffer: torch.Tensor) -> None:
             "is not an integer. Use floating-point (or complex) tensors, or sum integer tensors "
             "with ddp_ring_hooks.all_reduce(tensor)"
         )
-
-
-def _builder_options(algorithm: str) -> tuple[str, ...] | None:
-    """Options the algorithm's builder accepts (after ``world_size``); ``None``: any (``**kw``)."""
-    parameters = inspect.signature(BUILDERS[algorithm]).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return None
-    return tuple(
-        p.name for p in parameters
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-        or (p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.name != "world_size")
-    )

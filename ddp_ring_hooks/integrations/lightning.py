@@ -55,7 +55,9 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from ..hooks import HookState, register, ring_hook
 from ..hooks.register import reported_comm_hook
+from ..hooks.auto import AUTO
 from ..hooks.validation import check_algorithm_name
+from ..schedules import resolve_options
 from ..telemetry import Sink, TensorBoardSink
 
 STRATEGY_NAME = "ddp_ring"
@@ -107,6 +109,8 @@ class RingDDPStrategy(DDPStrategy):
                     "or use lightning's DDPStrategy to run a different hook"
                 )
         check_algorithm_name(algorithm)
+        if algorithm != AUTO:  # a typo in the options fails here, not when fit starts
+            resolve_options(algorithm, algorithm_options)
         super().__init__(**kwargs)
         self.algorithm = algorithm
         self._algorithm_options = dict(algorithm_options or {})

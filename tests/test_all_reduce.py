@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import ddp_ring_hooks
 from tests._dist import run_ranks
-from tests.conftest import DTYPES, digest, rank_input, within_summation_bound
+from tests.conftest import DTYPES, UNIT_ROUNDOFF, digest, rank_input, within_summation_bound
 
 LARGE_PRIME = 100_003
 ABOUT_25_MB = 25 * 2**20 // 4 + 7  # fp32 elements, a little over 25 MiB, not a multiple of p
@@ -71,7 +71,7 @@ def test_all_reduce_on_subgroups_and_non_contiguous_tensors():
 
 
 def test_unknown_algorithm_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown algorithm 'rign'; choose one of"):
+    with pytest.raises(ValueError, match="unknown algorithm 'rign' \\(did you mean 'ring'\\?\\); choose one of ring"):
         ddp_ring_hooks.HookState(algorithm="rign")
 
 

@@ -32,10 +32,11 @@ import torch
 import torch.distributed as dist
 
 from ..runtime import ExecutionObserver, combine_observers, run_schedule, worker_for, workers_of
-from ..runtime.errors import CommunicationError, HookFailedError
+from ..runtime.errors import CommunicationError
 from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options
 from ..telemetry import Sink, Telemetry
 from .auto import AUTO, AutoSelector
+from .errors import HookFailedError
 from .layout_check import BucketLayout, check_bucket_layout
 from .validation import check_algorithm_name, validate_bucket, validate_group
 
@@ -235,7 +236,7 @@ class HookState:
             return self._average(schedule, buffer, observer, tag)
         except RuntimeError as error:  # backend errors (DistBackendError) and StepFailedError
             self._failure = HookFailedError(
-                hook="ring_hook", bucket=bucket, iteration=iteration, numel=buffer.numel(),
+                hook="ring_hook", algorithm=schedule.algorithm, bucket=bucket, iteration=iteration, numel=buffer.numel(),
                 dtype=str(buffer.dtype).removeprefix("torch."), cause=error,
             )
             raise self._failure from error

@@ -49,7 +49,7 @@ register_algorithm(Algorithm(
 register_algorithm(Algorithm(
     "tree", "binomial-tree reduce to rank 0, then broadcast, pipelined in segments",
     build=build_tree_schedule, cost=tree_cost, layout="tree",
-    options=(Option("segments", 1, "pipelined pieces of the buffer", check=_positive_int),),
+    options=(Option("segments", 1, "pipelined pieces of the buffer", check=_positive_int, label="{} segments"),),
     examples=lambda p: ({"segments": 1}, {"segments": 3}),
 ))
 register_algorithm(Algorithm(
@@ -59,7 +59,8 @@ register_algorithm(Algorithm(
 register_algorithm(Algorithm(
     "hierarchical", "rings inside each node, a ring across nodes on a 1/G shard",
     build=build_hierarchical_schedule, cost=hierarchical_cost, layout="nodes",
-    options=(Option("local_size", None, "ranks per node (G)", check=_ranks_per_node, environment="LOCAL_WORLD_SIZE"),),
+    options=(Option("local_size", None, "ranks per node (G)", check=_ranks_per_node, environment="LOCAL_WORLD_SIZE",
+                   label="{}/node"),),
     # Only a true hierarchy (several nodes of several ranks) differs from a ring.
     applies=lambda p, local_size: local_size is not None and local_size in _proper_divisors(p),
     examples=lambda p: tuple({"local_size": g} for g in _proper_divisors(p)),

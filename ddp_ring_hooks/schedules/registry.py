@@ -40,7 +40,8 @@ class Option:
     """One option of an algorithm.
 
     ``environment`` names a variable that supplies the value when the caller gives none
-    (``LOCAL_WORLD_SIZE`` for ``hierarchical``'s ``local_size``, as torchrun sets it).
+    (``LOCAL_WORLD_SIZE`` for ``hierarchical``'s ``local_size``, as torchrun sets it);
+    ``label`` shows a value in tables and titles (``"{} segments"``).
     """
 
     name: str
@@ -48,6 +49,11 @@ class Option:
     doc: str
     check: Check = lambda value: None
     environment: str | None = None
+    label: str = ""
+
+    def describe(self, value: object) -> str:
+        """The value as tables show it: ``"4 segments"``, ``"2/node"``."""
+        return self.label.format(value) if self.label else f"{self.name}={value}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,12 @@ Benchmarks and commands run the same way in both worlds::
 that job, without them it spawns ``nproc`` processes that meet through a file store in a
 temporary directory (no port to pick, nothing leaves the machine). Either way ``fn(*args)``
 runs once per rank inside an initialised process group, which is destroyed afterwards, and
-its return value comes back: this rank's under torchrun, rank 0's in the spawning process. A
-rank that raises makes the spawning call raise too (``torch.multiprocessing`` stops the
-others), so nothing is left running.
+its return value comes back: this rank's under torchrun, rank 0's in the spawning process.
+
+:func:`spawn_ranks` is the spawning underneath, also what the test suite runs its ranks with:
+it returns every rank's value, re-raises a rank's exception with that rank's traceback
+(:class:`RankFailed`), and kills every rank when they do not finish in time (a deadlock fails
+fast instead of hanging).
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import queue as queue_module
 import tempfile
+import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -57,28 +63,107 @@ def run_on_ranks(
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     if backend not in (None, "gloo"):
         raise ValueError(f"spawned local ranks use gloo; run under torchrun to use {backend!r}")
+    return spawn_ranks(_as_torchrun_would, nproc, fn, args, timeout=None, pg_timeout=timeout_s)[0]
+
+
+def _as_torchrun_would(rank: int, world_size: int, fn, args) -> Any:
+    # torchrun's default for several ranks per machine: one thread each (spawn_ranks sets it),
+    # and LOCAL_WORLD_SIZE / LOCAL_RANK, which some options read, as torchrun sets them.
+    os.environ.setdefault("LOCAL_WORLD_SIZE", str(world_size))
+    os.environ.setdefault("LOCAL_RANK", str(rank))
+    return fn(*args)
+
+
+class RankFailed(RuntimeError):
+    """A spawned rank raised; the message holds its traceback."""
+
+
+def spawn_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float | None = 60.0,
+    pg_timeout: float | None = None,
+    backend: str = "gloo",
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks (``backend="nccl"``:
+    NCCL, for the GPU tests); return their values.
+
+    The ranks meet through a file store in a temporary directory. A rank that raises makes
+    this raise :class:`RankFailed` with its traceback (after the others report or die); ranks
+    still running after ``timeout`` seconds (``None``: no limit) are all killed and this
+    raises ``TimeoutError``. ``pg_timeout`` is the process group's own timeout (default
+    ``timeout``, or 600 s). ``fn`` must be a module-level function (ranks import it by name).
+    """
+    context = mp.get_context("spawn")
+    results: queue_module.Queue = context.Queue()
     with tempfile.TemporaryDirectory(prefix="ddp_ring_hooks_") as directory:
         store = os.path.join(directory, "store")
-        result = os.path.join(directory, "rank0.pickle")
-        mp.start_processes(
-            _spawned_rank, args=(fn, args, nproc, store, result, timeout_s), nprocs=nproc, join=True,
-            start_method="spawn",
-        )
-        with open(result, "rb") as file:
-            return pickle.load(file)
+        processes = [
+            context.Process(
+                target=_rank_main,
+                args=(fn, rank, world_size, store, pg_timeout or timeout or 600.0, results, args, backend),
+                daemon=True,
+            )
+            for rank in range(world_size)
+        ]
+        for process in processes:
+            process.start()
+        try:
+            collected = _collect(results, processes, timeout)
+        finally:
+            for process in processes:
+                if process.is_alive():
+                    process.kill()
+                process.join(5)
+    failures = [f"rank {rank} failed:\n{text}" for rank, (ok, text) in sorted(collected.items()) if not ok]
+    if failures:
+        raise RankFailed("\n".join(failures))
+    return [pickle.loads(collected[rank][1]) for rank in range(world_size)]
 
 
-def _spawned_rank(rank: int, fn, args, nproc: int, store_path: str, result_path: str, timeout_s: float) -> None:
-    # torchrun's default for several ranks per machine: one thread each, so ranks do not fight
-    # over cores (and LOCAL_WORLD_SIZE, which some schedules read, as torchrun sets it).
+def _collect(results, processes, timeout: float | None) -> dict[int, tuple[bool, Any]]:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    collected: dict[int, tuple[bool, Any]] = {}
+    while len(collected) < len(processes):
+        remaining = 1.0 if deadline is None else deadline - time.monotonic()
+        if remaining <= 0:
+            missing = sorted(set(range(len(processes))) - set(collected))
+            raise TimeoutError(f"ranks {missing} did not finish within {timeout:.0f}s (deadlock?); killed them")
+        try:
+            rank, ok, value = results.get(timeout=min(remaining, 1.0))
+        except queue_module.Empty:
+            dead = [r for r, p in enumerate(processes) if r not in collected and p.exitcode not in (None, 0)]
+            if dead:
+                # Give the others a moment to report their own errors, then stop.
+                time.sleep(0.5)
+                while True:
+                    try:
+                        rank, ok, value = results.get_nowait()
+                    except queue_module.Empty:
+                        break
+                    collected[rank] = (ok, value)
+                for r in dead:
+                    collected.setdefault(r, (False, f"process exited with code {processes[r].exitcode}"))
+                return collected
+            continue
+        collected[rank] = (ok, value)
+    return collected
+
+
+def _rank_main(fn, rank, world_size, store_path, pg_timeout, results, args, backend: str = "gloo") -> None:
     torch.set_num_threads(1)
-    os.environ.setdefault("LOCAL_WORLD_SIZE", str(nproc))
-    os.environ.setdefault("LOCAL_RANK", str(rank))
-    store = dist.FileStore(store_path, nproc)
-    value = _run_in_group(fn, args, "gloo", timeout_s, init_kwargs={"store": store, "rank": rank, "world_size": nproc})
-    if rank == 0:
-        with open(result_path, "wb") as file:
-            pickle.dump(value, file)
+    try:
+        store = dist.FileStore(store_path, world_size)
+        value = _run_in_group(
+            fn, (rank, world_size, *args), backend, pg_timeout,
+            init_kwargs={"store": store, "rank": rank, "world_size": world_size},
+        )
+        # Plain pickle copies tensors by value; torch's queue pickler would share them through
+        # file descriptors that die with this process.
+        results.put((rank, True, pickle.dumps(value)))
+    except BaseException:  # noqa: BLE001 - report everything to the parent
+        results.put((rank, False, traceback.format_exc()))
 
 
 def _run_in_group(fn, args, backend: str, timeout_s: float, *, init_kwargs: dict) -> Any:

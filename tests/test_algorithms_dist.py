@@ -20,8 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_ring_hooks
 from tests._dist import run_ranks
-from tests.test_all_reduce import DTYPES, digest, rank_input, within_summation_bound
-from tests.test_ddp_hook import Net
+from tests.conftest import DTYPES, Net, algorithm_cases, digest, rank_input, within_summation_bound
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 6, 8)
 DDP_WORLD_SIZE = 4  # every algorithm applies, hierarchical as 2 nodes x 2
@@ -31,9 +30,7 @@ DDP_STEPS = 3
 def algorithms_for(world_size: int) -> list[tuple[str, dict]]:
     """Every algorithm but the ring (its own grid is in test_all_reduce); the tree pipelined
     too; hierarchical in every shape with at least 2 nodes of 2 ranks."""
-    shapes = [("naive", {}), ("tree", {}), ("tree", {"segments": 3}), ("halving_doubling", {})]
-    shapes += [("hierarchical", {"local_size": g}) for g in range(2, world_size) if world_size % g == 0]
-    return shapes
+    return [(name, options) for name, options in algorithm_cases(world_size) if name != "ring"]
 
 
 def cases_for(world_size: int) -> list[tuple[int, torch.dtype]]:

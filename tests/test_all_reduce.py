@@ -8,40 +8,20 @@ bound for recursive summation, ``p · u · Σ|x_i|`` (``u`` = unit roundoff of t
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 import torch
 import torch.distributed as dist
 
 import ddp_ring_hooks
 from tests._dist import run_ranks
+from tests.conftest import DTYPES, UNIT_ROUNDOFF, digest, rank_input, within_summation_bound
 
-DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 LARGE_PRIME = 100_003
 ABOUT_25_MB = 25 * 2**20 // 4 + 7  # fp32 elements, a little over 25 MiB, not a multiple of p
 
 
 def element_counts(world_size: int) -> list[int]:
     return sorted({0, 1, max(world_size - 1, 0), world_size, world_size + 1, LARGE_PRIME})
-
-
-def rank_input(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(1000 * rank + numel)
-    return torch.randn(numel, generator=generator, dtype=torch.float64).to(dtype)
-
-
-def digest(tensor: torch.Tensor) -> str:
-    return hashlib.sha256(tensor.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
-
-
-def within_summation_bound(result, inputs, dtype, world_size) -> float:
-    """How far ``result`` is from the exact sum, as a fraction of the allowed bound (<= 1 passes)."""
-    exact = torch.stack([x.double() for x in inputs]).sum(0)
-    bound = world_size * UNIT_ROUNDOFF[dtype] * torch.stack([x.double().abs() for x in inputs]).sum(0)
-    excess = (result.double() - exact).abs() / bound.clamp_min(torch.finfo(torch.float64).tiny)
-    return float(excess.max()) if excess.numel() else 0.0
 
 
 def compare_with_native(rank: int, world_size: int, cases) -> dict:
@@ -91,7 +71,7 @@ def test_all_reduce_on_subgroups_and_non_contiguous_tensors():
 
 
 def test_unknown_algorithm_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown algorithm 'rign'; choose one of"):
+    with pytest.raises(ValueError, match="unknown algorithm 'rign' \\(did you mean 'ring'\\?\\); choose one of ring"):
         ddp_ring_hooks.HookState(algorithm="rign")
 
 

@@ -19,7 +19,7 @@ import ddp_ring_hooks
 from ddp_ring_hooks.cost_model import Calibration
 from ddp_ring_hooks.hooks.auto import AutoSelector, default_candidates
 from tests._dist import run_ranks
-from tests.test_ddp_hook import Net
+from tests.conftest import Net
 
 LINKS = Calibration(alpha=50e-6, beta=1e-9)
 SIZES = [0, 4, 1000, 4096, 65_536, 1 << 20, 25 << 20, 1 << 30]

@@ -18,19 +18,15 @@ from ddp_ring_hooks.cost_model import (
     Calibration, bytes_sent_per_rank, count_steps, fit, fit_per_algorithm, fit_records, predict, simulate,
 )
 from ddp_ring_hooks.schedules import ALGORITHMS, build_schedule
+from tests.conftest import algorithm_cases
 
 N = 3.0e6  # bytes per rank
 
 
 def shapes(world_size: int):
     """``(algorithm, options)`` for every algorithm, several tree depths and node shapes."""
-    for algorithm in ALGORITHMS:
-        if algorithm == "tree":
-            yield from (("tree", {"segments": k}) for k in (1, 2, 7))
-        elif algorithm == "hierarchical":
-            yield from (("hierarchical", {"local_size": g}) for g in range(1, world_size + 1) if world_size % g == 0)
-        else:
-            yield algorithm, {}
+    yield from algorithm_cases(world_size, flat_hierarchies=True)
+    yield "tree", {"segments": 7}
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 31, 32, 48, 64])
@@ -85,7 +81,7 @@ def test_ring_barely_grows_with_p_and_trees_win_small_buffers_at_scale():
 
 
 def test_predict_rejects_bad_input():
-    with pytest.raises(ValueError, match="no cost formula for 'butterfly'"):
+    with pytest.raises(ValueError, match="unknown algorithm 'butterfly'"):
         predict("butterfly", 1, 4, alpha=1, beta=1)
     with pytest.raises(ValueError, match="does not divide"):
         predict("hierarchical", 1, 6, alpha=1, beta=1, local_size=4)

@@ -18,24 +18,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_ring_hooks
 from tests._dist import run_ranks
+from tests.conftest import Net
 
 STEPS = 4
 MICRO_BATCHES = 2  # for the no_sync variant
-
-
-class Net(torch.nn.Module):
-    """A few layers of different sizes, plus one that forward skips when asked to."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = torch.nn.Sequential(
-            torch.nn.Linear(32, 96), torch.nn.Tanh(), torch.nn.Linear(96, 96), torch.nn.Tanh(), torch.nn.Linear(96, 7)
-        )
-        self.unused = torch.nn.Linear(7, 7)
-
-    def forward(self, x, use_all=True):
-        out = self.body(x)
-        return self.unused(out) if use_all else out
 
 
 VARIANTS = {

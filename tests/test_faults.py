@@ -101,7 +101,7 @@ def test_survivors_of_a_killed_rank_fail_fast_naming_hook_bucket_and_peer():
     for rank, outcome in survivors.items():
         message = outcome["message"]
         assert outcome["step"] == KILL_STEP, f"rank {rank}: {message}"
-        assert "ring_hook: bucket " in message and "of iteration 2" in message, message
+        assert "ring_hook (ring): bucket " in message and "of iteration 2" in message, message
         assert "of the ring all-reduce failed on rank " f"{rank} waiting to " in message, message
         assert "restart the job from its last checkpoint" in message, message
         # Well within the timeout: a dead peer closes its sockets, gloo notices at once.

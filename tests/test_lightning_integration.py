@@ -229,7 +229,7 @@ def test_bad_arguments_get_errors_that_name_the_fix():
 
     with pytest.raises(ValueError, match="cannot take ddp_comm_hook="):
         RingDDPStrategy(ddp_comm_hook=ring_hook, ddp_comm_state=HookState())
-    with pytest.raises(ValueError, match="unknown algorithm 'rign'; choose one of ring"):
+    with pytest.raises(ValueError, match="unknown algorithm 'rign' \\(did you mean 'ring'\\?\\); choose one of ring"):
         RingDDPStrategy("rign")
     trainer = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp", logger=False, enable_progress_bar=False)
     with pytest.raises(TypeError, match='pass strategy="ddp_ring"'):

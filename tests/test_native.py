@@ -135,12 +135,15 @@ def test_all_reduce_takes_native_and_auto_and_auto_can_leave_native_out():
     assert decided and all(" wins by " in line and "x over " in line for line in decided)
 
 
-def test_unknown_names_list_native_and_auto():
+def test_native_and_auto_are_known_names():
     from ddp_ring_hooks.runtime.names import check_algorithm_name
 
-    with pytest.raises(ValueError, match="choose one of ring.*native, auto"):
+    with pytest.raises(ValueError, match="unknown algorithm 'rign'"):
         check_algorithm_name("rign")
     check_algorithm_name("native")
+    check_algorithm_name("auto")
+    with pytest.raises(ValueError, match="unknown algorithm 'auto'"):
+        check_algorithm_name("auto", allow_auto=False)
 
 
 @pytest.mark.parametrize("backend, device, carried", [

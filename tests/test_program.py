@@ -13,6 +13,7 @@ import torch
 
 from ddp_ring_hooks.runtime.program import Complete, Post, chunk_sizes, compile_program
 from ddp_ring_hooks.schedules import ALGORITHMS, Op, checked_schedule
+from tests.conftest import algorithm_cases
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 7])
@@ -22,7 +23,7 @@ def test_chunk_sizes_match_tensor_split(numel, parts):
 
 
 def _programs(algorithm, world_size, numel, lanes, window, divide=True):
-    options = {"local_size": 2 if world_size % 2 == 0 else 1} if algorithm == "hierarchical" else {}
+    options = next(o for name, o in algorithm_cases(world_size, flat_hierarchies=True) if name == algorithm)
     schedule = checked_schedule(algorithm, world_size, **options)
     return schedule, [
         compile_program(schedule, rank, numel=numel, element_size=4, lanes=lanes, window=window, divide=divide)

@@ -25,13 +25,15 @@ from ddp_ring_hooks.schedules import ALGORITHMS, checked_schedule
 from ddp_ring_hooks.viz import simulate, split_sizes
 from ddp_ring_hooks.viz.layout import choose_layout
 from tests._dist import run_ranks
+from tests.conftest import algorithm_cases
 
 WORLD_SIZE = 3
 ELEMENTS = (10, 2, 0)  # even-ish, fewer than the chunks (empty chunks), empty
 
 
 def options_for(algorithm: str) -> dict:
-    return {"local_size": 1} if algorithm == "hierarchical" else {}
+    """The registry's first example for ``algorithm`` at ``WORLD_SIZE`` ranks."""
+    return next(o for name, o in algorithm_cases(WORLD_SIZE, flat_hierarchies=True) if name == algorithm)
 
 
 def record_every_algorithm(rank: int, world_size: int) -> dict:

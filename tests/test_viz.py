@@ -17,17 +17,17 @@ from ddp_ring_hooks.cli.__main__ import main
 from ddp_ring_hooks.schedules import ALGORITHMS, Op, Schedule, Step, Transfer, checked_schedule
 from ddp_ring_hooks.viz import explain, simulate
 from ddp_ring_hooks.viz.layout import choose_layout
+from tests.conftest import algorithm_cases
 
 WORLD_SIZES = range(2, 9)
 ALPHA, BETA = 5e-6, 1e-9
 
 
 def options_for(algorithm: str, world_size: int) -> dict:
-    """Builder options that make every algorithm valid at ``world_size`` (several nodes when possible)."""
-    if algorithm == "hierarchical":
-        divisors = [g for g in range(2, world_size) if world_size % g == 0]
-        return {"local_size": divisors[0] if divisors else world_size}
-    return {}
+    """The registry's first example options for ``algorithm`` at ``world_size`` (several nodes
+    when possible; one node of every rank when ``world_size`` is prime)."""
+    examples = [options for name, options in algorithm_cases(world_size, flat_hierarchies=True) if name == algorithm]
+    return examples[0]
 
 
 def schedule_for(algorithm: str, world_size: int) -> Schedule:
@@ -54,7 +54,7 @@ def test_in_memory_run_equals_the_sum(algorithm, world_size):
 @pytest.mark.parametrize(("algorithm", "world_size"), CASES)
 def test_explain_shows_every_step_and_the_full_sum_everywhere(algorithm, world_size):
     schedule = schedule_for(algorithm, world_size)
-    text = explain(simulate(schedule), alpha=ALPHA, beta=BETA, options=options_for(algorithm, world_size))
+    text = explain(simulate(schedule), alpha=ALPHA, beta=BETA)
     steps = len(schedule.steps)
     headers = re.findall(r"^step (\d+)/(\d+) - ", text, flags=re.MULTILINE)
     assert [int(k) for k, _ in headers] == list(range(1, steps + 1))
@@ -108,7 +108,7 @@ def test_each_algorithm_gets_its_layout(algorithm, kind):
         pytest.skip(f"{algorithm} is not registered")
     for p in WORLD_SIZES:
         options = options_for(algorithm, p)
-        layout = choose_layout(schedule_for(algorithm, p), options)
+        layout = choose_layout(schedule_for(algorithm, p))
         expected = "ring" if kind == "nodes" and options["local_size"] == p else kind
         assert layout.kind == expected, p
         assert len(set(layout.positions)) == p  # no two ranks drawn on top of each other
@@ -117,8 +117,9 @@ def test_each_algorithm_gets_its_layout(algorithm, kind):
 def test_hierarchical_layout_reads_the_node_size_the_schedule_was_built_with(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # what torchrun sets; the builder reads it too
     schedule = checked_schedule("hierarchical", 6)
-    layout = choose_layout(schedule)  # no options: the node size comes from the environment
-    assert layout.kind == "nodes" and layout == choose_layout(schedule, {"local_size": 2})
+    layout = choose_layout(schedule)  # the node size the schedule carries, read from the environment once
+    assert dict(schedule.options) == {"local_size": 2}
+    assert layout.kind == "nodes" and layout == choose_layout(checked_schedule("hierarchical", 6, local_size=2))
 
 
 def test_tree_layout_puts_parents_above_their_children():

@@ -55,15 +55,14 @@ def run(args: argparse.Namespace) -> int:
 
             recordings = load_recordings(args.trace)
             schedule = schedule_from_recordings(recordings, run=args.run)
-            options = dict(recordings[0].options)
             subtitle = f"replay of a recorded run ({len(recordings)} ranks, all-reduce #{args.run})"
         else:
-            schedule, options = schedule_from_args(args)
+            schedule = schedule_from_args(args)
     except ValueError as error:
         return fail("animate", str(error))
     try:
         written = render_animation(
-            simulate(schedule), choose_layout(schedule, options), args.output,
+            simulate(schedule), choose_layout(schedule), args.output,
             fps=args.fps, dpi=args.dpi, subtitle=subtitle, progress=not args.no_progress,
         )
     except ImportError as error:

@@ -49,12 +49,12 @@ def run(args: argparse.Namespace) -> int:
     if args.alpha < 0 or args.beta < 0:
         return fail("explain", "--alpha and --beta must be 0 or more (seconds per step, seconds per byte)")
     try:
-        schedule, options = schedule_from_args(args)
+        schedule = schedule_from_args(args)
     except ValueError as error:
         return fail("explain", str(error))
     simulation = simulate(schedule, elements=args.elements)
     sys.stdout.write(
-        explain(simulation, element_size=args.element_size, alpha=args.alpha, beta=args.beta, options=options)
+        explain(simulation, element_size=args.element_size, alpha=args.alpha, beta=args.beta)
     )
     return 0
 
@@ -74,8 +74,8 @@ def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def schedule_from_args(args: argparse.Namespace) -> tuple[Schedule, dict[str, object]]:
-    """The checked schedule the arguments name, and the builder options that were given."""
+def schedule_from_args(args: argparse.Namespace) -> Schedule:
+    """The checked schedule the arguments name (it carries its resolved options)."""
     if args.world_size < 1:
         raise ValueError(f"--world-size must be at least 1, got {args.world_size}")
     options = {
@@ -84,7 +84,7 @@ def schedule_from_args(args: argparse.Namespace) -> tuple[Schedule, dict[str, ob
         if value is not None
     }
     try:
-        return checked_schedule(args.algorithm, args.world_size, **options), options
+        return checked_schedule(args.algorithm, args.world_size, **options)
     except ValueError as error:
         hint = " (on the command line: --local-size G)" if "local_size" in str(error) else ""
         raise ValueError(f"{error}{hint}") from None

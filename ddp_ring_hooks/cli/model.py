@@ -17,7 +17,7 @@ import textwrap
 
 from ..cost_model import coefficients, predict
 from ..runtime.names import NATIVE
-from ..schedules import ALGORITHMS
+from ..schedules import algorithm_names, get_algorithm
 
 #: What ``model`` says about ``native`` instead of a number.
 NATIVE_NOTE = (
@@ -97,7 +97,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--local-bandwidth", default=None, help="intra-node bandwidth for hierarchical (default: --bandwidth)")
     parser.add_argument("--local-latency", default=None, help="intra-node latency for hierarchical (default: --latency)")
     parser.add_argument("--segments", type=int, default=1, help="pipeline segments of the tree (default: 1)")
-    parser.add_argument("--algorithms", default=",".join(a for a in ALGORITHMS if a != "hierarchical"),
+    parser.add_argument("--algorithms", default=",".join(priced_without_options()),
                         help="comma-separated rows (default: every flat algorithm; hierarchical joins with --local-size)")
     parser.set_defaults(func=run)
 
@@ -117,13 +117,13 @@ def run(args: argparse.Namespace) -> int:
             "local_beta": 1 / parse_bandwidth(args.local_bandwidth) if args.local_bandwidth else None,
         }
         algorithms = [a.strip() for a in args.algorithms.split(",")]
-        if args.local_size and "hierarchical" not in algorithms:
-            algorithms.append("hierarchical")
-        unknown = [a for a in algorithms if a not in ALGORITHMS and a != NATIVE]
-        if unknown or min(world_sizes) < 1 or args.segments < 1:
-            raise ValueError(
-                f"algorithms must be among {', '.join((*ALGORITHMS, NATIVE))}, world sizes >= 1 and segments >= 1"
-            )
+        given = {"local_size": args.local_size}
+        algorithms += [a for a in algorithms_needing(given) if a not in algorithms]
+        for algorithm in algorithms:
+            if algorithm != NATIVE:  # native has no registry record: no schedule, no formula
+                get_algorithm(algorithm)  # one message for an unknown name
+        if min(world_sizes) < 1 or args.segments < 1:
+            raise ValueError("world sizes and segments must be >= 1")
     except ValueError as error:
         return fail("model", str(error))
     for index, nbytes in enumerate(sizes):
@@ -131,6 +131,24 @@ def run(args: argparse.Namespace) -> int:
             print()
         print(render_table(nbytes, world_sizes, algorithms, params, local, args.local_size, args.segments))
     return 0
+
+
+def priced_without_options() -> list[str]:
+    """Algorithms the model prices from the network alone: a cost formula, and a default for
+    every option (hierarchical needs --local-size; native has no formula)."""
+    return [
+        name for name in algorithm_names()
+        if get_algorithm(name).cost is not None and all(o.default is not None for o in get_algorithm(name).options)
+    ]
+
+
+def algorithms_needing(given: dict) -> list[str]:
+    """Algorithms with a formula that an option given on the command line makes priceable."""
+    return [
+        name for name in algorithm_names()
+        if get_algorithm(name).cost is not None
+        and any(o.default is None and given.get(o.name) is not None for o in get_algorithm(name).options)
+    ]
 
 
 def render_table(nbytes, world_sizes, algorithms, params, local, local_size, segments) -> str:
@@ -142,22 +160,20 @@ def render_table(nbytes, world_sizes, algorithms, params, local, local_size, seg
     ]
     header = ["algorithm"] + [f"p={p}" for p in world_sizes]
     rows = [header]
+    given = {"segments": segments, "local_size": local_size}
     for algorithm in algorithms:
         if algorithm == NATIVE:  # no schedule, so no formula: say so instead of guessing
             rows.append([NATIVE] + ["n/a"] * len(world_sizes))
             continue
-        label = f"{algorithm} ({local_size}/node)" if algorithm == "hierarchical" else algorithm
-        if algorithm == "tree" and segments > 1:
-            label = f"tree ({segments} segments)"
-        cells = [label]
+        record = get_algorithm(algorithm)
+        options = {name: given[name] for name in record.option_names if given.get(name) is not None}
+        shown = [o.describe(options[o.name]) for o in record.options if options.get(o.name, o.default) != o.default]
+        cells = [f"{algorithm} ({', '.join(shown)})" if shown else algorithm]
         for p in world_sizes:
-            if algorithm == "hierarchical" and (not local_size or p % local_size):
+            try:
+                cells.append(format_seconds(predict(algorithm, nbytes, p, **params, **local, **options)))
+            except ValueError:  # no formula, or options that do not fit p ranks (local_size not dividing p)
                 cells.append("-")
-                continue
-            options = {"segments": segments} if algorithm == "tree" else {}
-            if algorithm == "hierarchical":
-                options = {"local_size": local_size, **local}
-            cells.append(format_seconds(predict(algorithm, nbytes, p, **params, **options)))
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]

@@ -9,7 +9,7 @@ Pure Python: no torch import, so it runs anywhere the schedules do.
 """
 
 from .fit import Calibration, fit, fit_per_algorithm, fit_records
-from .formulas import coefficients, predict
+from .formulas import coefficients, cost_terms, predict
 from .schedule_costs import bytes_sent_per_rank, count_steps, simulate
 
-__all__ = ["Calibration", "bytes_sent_per_rank", "coefficients", "count_steps", "fit", "fit_per_algorithm", "fit_records", "predict", "simulate"]
+__all__ = ["Calibration", "bytes_sent_per_rank", "coefficients", "cost_terms", "count_steps", "fit", "fit_per_algorithm", "fit_records", "predict", "simulate"]

@@ -28,18 +28,23 @@ does (dividing first keeps fp16 sums from overflowing), so the result is the ave
 
 from __future__ import annotations
 
+import difflib
+import inspect
+from collections.abc import Mapping
+
 import torch
 import torch.distributed as dist
 
 from ..runtime import ExecutionObserver, combine_observers, run_schedule, worker_for, workers_of
 from ..runtime import cuda_lane as cuda
 from ..runtime.collectives import check_device_backend
-from ..runtime.errors import CommunicationError, HookFailedError
+from ..runtime.errors import CommunicationError
 from ..runtime.names import NATIVE, has_schedule
 from ..runtime.native import run_native
 from ..runtime.selection import AUTO, AutoSelector
-from ..schedules import Schedule, checked_schedule
+from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options
 from ..telemetry import Sink, Telemetry
+from .errors import HookFailedError
 from .layout_check import BucketLayout, check_bucket_layout
 from .validation import check_algorithm_name, validate_bucket, validate_group
 
@@ -51,13 +56,18 @@ class HookState:
         process_group: the group to reduce over; ``None`` means the default (WORLD) group.
         algorithm: the all-reduce algorithm, one of :data:`ddp_ring_hooks.ALGORITHMS`;
             ``"native"``: the group's own ``all_reduce``, bit-identical to DDP without a hook,
-            with this hook's telemetry; or ``"auto"``: per bucket, the fastest (``native``
-            included) under a cost model calibrated by a short collective probe right here
-            (so every rank must build its state together); options ``calibration=``,
-            ``local_size=``, ``segments=``, ``candidates=``, see
+            with this hook's telemetry (no options); or ``"auto"``: per bucket, the fastest
+            (``native`` included) under a cost model calibrated by a short collective probe
+            right here (so every rank must build its state together); options
+            ``calibration=``, ``local_size=``, ``segments=``, ``candidates=``, see
             :class:`~ddp_ring_hooks.runtime.selection.AutoSelector`.
+        algorithm_options: the algorithm's own options, e.g. ``{"segments": 4}`` for tree or
+            ``{"local_size": 8}`` for hierarchical (default ``LOCAL_WORLD_SIZE``). They may
+            also be given as keywords (``HookState(algorithm="tree", segments=4)``). Checked
+            here, against the algorithm's registry record: an unknown name is a ``TypeError``
+            that names the valid ones.
         device: the model's device, where ``auto``'s probe runs (``register`` passes the DDP
-            model's; default: the current GPU on NCCL, else the CPU).
+            model's; default: GPU ``LOCAL_RANK`` on NCCL, else the CPU).
         log_dir, log_every, trace_steps, per_rank, spread_every, sinks: per-bucket
             communication timing (TensorBoard, trace, summary), see
             :class:`~ddp_ring_hooks.telemetry.Telemetry`; or pass a ready ``telemetry=``.
@@ -73,7 +83,7 @@ class HookState:
             With ``observers``, buckets always run one at a time: an observer sees whole
             all-reduces in order. Every rank must end up with the same number of lanes (the
             layout check says so when they do not).
-        **algorithm_options: passed to the algorithm's schedule builder.
+        **algorithm_keywords: the algorithm's options as keywords (see ``algorithm_options``).
 
     Example::
 
@@ -110,6 +120,7 @@ class HookState:
         process_group: dist.ProcessGroup | None = None,
         algorithm: str = "ring",
         *,
+        algorithm_options: Mapping[str, object] | None = None,
         log_dir: str | None = None,
         log_every: int = 1,
         trace_steps: int | tuple[int, int] | None = None,
@@ -121,16 +132,19 @@ class HookState:
         check_layout_steps: int = 2,
         concurrent_buckets: int = 2,
         device: torch.device | str | None = None,
-        **algorithm_options,
+        **algorithm_keywords,
     ) -> None:
         if not isinstance(check_layout_steps, int) or check_layout_steps < 0:
             raise ValueError(f"check_layout_steps must be an integer >= 0, got {check_layout_steps!r}")
         if not isinstance(concurrent_buckets, int) or concurrent_buckets < 1:
             raise ValueError(f"concurrent_buckets must be an integer >= 1, got {concurrent_buckets!r}")
         check_algorithm_name(algorithm)
+        options = _merged_options(algorithm_options, algorithm_keywords)
         self.process_group = process_group
         self.algorithm = algorithm
-        self.algorithm_options = dict(algorithm_options)
+        # Checked and resolved now (defaults filled in, LOCAL_WORLD_SIZE read once, here):
+        # a typo fails at construction, not at the first backward.
+        self.algorithm_options = _resolved(algorithm, options) if has_schedule(algorithm) else _unresolved(algorithm, options)
         self.iteration = 0
         self.check_layout_steps = check_layout_steps
         self.concurrent_buckets = concurrent_buckets
@@ -139,7 +153,9 @@ class HookState:
         self._reductions_here = 0
         self._bucket_index = 0
         self._failure: CommunicationError | None = None
-        self._auto = AutoSelector.probed(self.group, device=device, **algorithm_options) if algorithm == AUTO else None
+        self._auto = (
+            AutoSelector.probed(self.group, device=device, **_auto_options(options)) if algorithm == AUTO else None
+        )
         cuda.prepare(self.group)  # NCCL: the side groups, made while every rank is here
         if telemetry is not None and (log_dir is not None or trace_steps is not None or sinks):
             raise ValueError(
@@ -253,7 +269,7 @@ class HookState:
             return self._average(schedule, buffer, observer, tag, group)
         except RuntimeError as error:  # backend errors (DistBackendError) and StepFailedError
             self._failure = HookFailedError(
-                hook="ring_hook", bucket=bucket, iteration=iteration, numel=buffer.numel(),
+                hook="ring_hook", algorithm=schedule.algorithm, bucket=bucket, iteration=iteration, numel=buffer.numel(),
                 dtype=str(buffer.dtype).removeprefix("torch."), cause=error,
             )
             raise self._failure from error
@@ -288,3 +304,58 @@ class HookState:
 
 def _value_or_raise(future: torch.futures.Future) -> torch.Tensor:
     return future.value()
+
+
+#: What ``HookState`` itself takes besides an algorithm's options (for error messages).
+_STATE_OPTIONS = (
+    "process_group", "algorithm", "algorithm_options", "log_dir", "log_every", "trace_steps", "per_rank",
+    "spread_every", "sinks", "telemetry", "observers", "check_layout_steps", "concurrent_buckets", "device",
+)
+
+
+def _merged_options(mapping: Mapping[str, object] | None, keywords: dict[str, object]) -> dict[str, object]:
+    both = sorted(set(mapping or {}) & set(keywords))
+    if both:
+        raise TypeError(f"option {', '.join(map(repr, both))} given twice: in algorithm_options and as a keyword")
+    return {**(mapping or {}), **keywords}
+
+
+def _resolved(algorithm: str, options: dict[str, object]) -> dict[str, object]:
+    """The algorithm's options checked against its registry record, defaults filled in; an
+    unknown name is reported with everything ``HookState`` accepts."""
+    try:
+        return resolve_options(algorithm, options)
+    except TypeError as error:
+        unknown = sorted(set(options) - set(get_algorithm(algorithm).option_names))
+        raise TypeError(_unknown_option_message(unknown, algorithm, get_algorithm(algorithm).option_names)) from error
+
+
+def _unresolved(algorithm: str, options: dict[str, object]) -> dict[str, object]:
+    """``auto``'s options as given (its probe checks them); ``native`` takes none."""
+    if algorithm == AUTO:
+        return options
+    if options:
+        raise TypeError(_unknown_option_message(sorted(options), algorithm, ()))
+    return {}
+
+
+def _auto_options(options: dict[str, object]) -> dict[str, object]:
+    accepted = tuple(
+        name for name, p in inspect.signature(AutoSelector.probed).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "device"  # a HookState option
+    )
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise TypeError(_unknown_option_message(unknown, AUTO, accepted))
+    return options
+
+
+def _unknown_option_message(unknown: list[str], algorithm: str, algorithm_options: tuple[str, ...]) -> str:
+    everything = (*_STATE_OPTIONS, *algorithm_options)
+    close = difflib.get_close_matches(unknown[0], everything, n=1)
+    return (
+        f"HookState got unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
+        + (f" (did you mean {close[0]!r}?)" if close else "")
+        + f". HookState takes {', '.join(_STATE_OPTIONS)}; the {algorithm} algorithm takes "
+        + (", ".join(algorithm_options) if algorithm_options else "no options")
+    )

@@ -19,7 +19,6 @@ hooks that were attached without :func:`~ddp_ring_hooks.register`. What one rank
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..runtime import names
-from ..schedules import BUILDERS, checked_schedule
+from ..schedules import checked_schedule, get_algorithm
 
 if TYPE_CHECKING:
     from .state import HookState
@@ -44,12 +43,8 @@ def validate_registration(module: nn.Module, group: dist.ProcessGroup | None) ->
 
 def validate_state(state: HookState) -> None:
     """After the state is built: its algorithm and options make a schedule for its group."""
-    if names.has_schedule(state.algorithm):  # "auto" checks its candidates itself
+    if names.has_schedule(state.algorithm):  # "auto" checks its candidates itself; "native" has none
         validate_algorithm(state.algorithm, state.world_size, state.algorithm_options)
-    elif state.algorithm == names.NATIVE and state.algorithm_options:  # no schedule, no options
-        raise ValueError(
-            f"the native all-reduce takes no algorithm options; got {', '.join(sorted(state.algorithm_options))}"
-        )
 
 
 def validate_group(group: dist.ProcessGroup | None) -> None:
@@ -84,19 +79,13 @@ def check_algorithm_name(algorithm: str) -> None:
 
 
 def validate_algorithm(algorithm: str, world_size: int, options: dict) -> None:
-    """Build and prove the schedule of a known algorithm (:func:`check_algorithm_name` ran
-    when the state was built), turning a builder's complaint into a message with context."""
-    accepted = _builder_options(algorithm)
-    unknown = sorted(set(options) - set(accepted)) if accepted is not None else []
-    if unknown:
-        raise ValueError(
-            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} for "
-            f"the {algorithm} algorithm; it accepts "
-            f"{', '.join(map(repr, accepted)) if accepted else 'no options'}"
-        )
+    """Build and prove the schedule of a known algorithm (its options were checked when the
+    state was built), turning a builder's complaint about the group size into a message with context."""
+    if get_algorithm(algorithm).build is None:
+        return
     try:
         checked_schedule(algorithm, world_size, **options)
-    except (TypeError, ValueError) as error:
+    except ValueError as error:
         shown = ", ".join(f"{k}={v!r}" for k, v in sorted(options.items())) or "no options"
         raise ValueError(
             f"the {algorithm} algorithm cannot run on this process group of {world_size} ranks "
@@ -134,15 +123,3 @@ def validate_bucket(buffer: torch.Tensor) -> None:
             "is not an integer. Use floating-point (or complex) tensors, or sum integer tensors "
             "with ddp_ring_hooks.all_reduce(tensor)"
         )
-
-
-def _builder_options(algorithm: str) -> tuple[str, ...] | None:
-    """Options the algorithm's builder accepts (after ``world_size``); ``None``: any (``**kw``)."""
-    parameters = inspect.signature(BUILDERS[algorithm]).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return None
-    return tuple(
-        p.name for p in parameters
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-        or (p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.name != "world_size")
-    )

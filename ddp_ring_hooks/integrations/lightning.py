@@ -56,6 +56,8 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from ..hooks import HookState, register, ring_hook
 from ..hooks.register import reported_comm_hook
 from ..hooks.validation import check_algorithm_name
+from ..runtime.names import has_schedule
+from ..schedules import resolve_options
 from ..telemetry import Sink, TensorBoardSink
 
 STRATEGY_NAME = "ddp_ring"
@@ -108,6 +110,8 @@ class RingDDPStrategy(DDPStrategy):
                     "or use lightning's DDPStrategy to run a different hook"
                 )
         check_algorithm_name(algorithm)
+        if has_schedule(algorithm):  # a typo in the options fails here, not when fit starts
+            resolve_options(algorithm, algorithm_options)  # (auto and native: when the hook is built)
         super().__init__(**kwargs)
         self.algorithm = algorithm
         self._algorithm_options = dict(algorithm_options or {})

@@ -1,4 +1,4 @@
-"""Errors that say *where* communication failed: which hook, bucket, step and peer.
+"""Errors that say *where* communication failed: which step of which algorithm, and which peer.
 
 A backend error alone ("Connection closed by peer [127.0.0.1]:40123") names neither the rank
 nor the place in the algorithm. The executor and the hook each add what they know, from the
@@ -6,7 +6,10 @@ inside out::
 
     gloo:      Connection closed by peer [127.0.0.1]:40123
     executor:  StepFailedError   step 2/6 (reduce-scatter) of ring, rank 1 waiting to receive from rank 0
-    hook:      HookFailedError   ring_hook, bucket 3 of iteration 12 (40,960 float32 elements)
+    hook:      HookFailedError   ring_hook (tree), bucket 3 of iteration 12 (40,960 float32 elements)
+
+The runtime knows nothing about DDP: :class:`~ddp_ring_hooks.hooks.errors.HookFailedError`
+(hook, bucket, iteration) lives with the hooks.
 
 After a peer dies the process group cannot be used again (gloo and NCCL both leave it broken),
 so the message ends with what to do: find the first rank that failed, restart from a
@@ -73,36 +76,3 @@ class StepFailedError(CommunicationError):
             f"step {self.step_index + 1}/{self.num_steps} ({self.phase}) of the {self.algorithm} "
             f"all-reduce failed on rank {self.rank} waiting to {self.direction} {peer}"
         )
-
-
-class HookFailedError(CommunicationError):
-    """A DDP hook could not reduce a bucket: names the hook, the bucket and, if known, the step.
-
-    Attributes:
-        hook: the hook's name (``"ring_hook"``).
-        bucket: the bucket's index in its iteration (DDP hands buckets over in index order).
-        iteration: the hook state's ``iteration`` when the bucket arrived.
-        step: the :class:`StepFailedError` underneath, or ``None`` when the failure came from
-            elsewhere (e.g. posting the operations).
-    """
-
-    def __init__(
-        self,
-        *,
-        hook: str,
-        bucket: int,
-        iteration: int,
-        numel: int,
-        dtype: str,
-        cause: BaseException,
-    ) -> None:
-        self.hook = hook
-        self.bucket = bucket
-        self.iteration = iteration
-        self.step = cause if isinstance(cause, StepFailedError) else None
-        where = f"{hook}: bucket {bucket} of iteration {iteration} ({numel:,} {dtype} elements)"
-        if self.step is not None:
-            detail = f"{self.step.where()}: {self.step.cause}"
-        else:
-            detail = f"{type(cause).__name__}: {str(cause).strip()}"
-        super().__init__(f"{where}: {detail}\n{RECOVERY_ADVICE}")

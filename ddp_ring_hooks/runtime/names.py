@@ -25,8 +25,9 @@ AUTO = "auto"
 
 
 def runnable_algorithms() -> tuple[str, ...]:
-    """Every algorithm that reduces a tensor by itself: the schedules, then ``native``."""
-    return (*schedules.ALGORITHMS, NATIVE)
+    """Every algorithm that reduces a tensor by itself: the schedules, then ``native``
+    (also once ``native`` gets a registry record without a builder)."""
+    return (*(a for a in schedules.ALGORITHMS if a != NATIVE), NATIVE)
 
 
 def accepted_algorithms() -> tuple[str, ...]:
@@ -37,11 +38,13 @@ def accepted_algorithms() -> tuple[str, ...]:
 
 def has_schedule(algorithm: str) -> bool:
     """Whether ``algorithm`` is run by the executor from a schedule (``native`` is not)."""
-    return algorithm in schedules.BUILDERS
+    return algorithm in schedules.ALGORITHMS
 
 
 def check_algorithm_name(algorithm: object, *, allow_auto: bool = True) -> None:
-    """Raise ``ValueError`` naming the choices unless ``algorithm`` is a known name."""
-    known = accepted_algorithms() if allow_auto else runnable_algorithms()
-    if algorithm not in known:
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(known)}")
+    """Raise ``ValueError`` unless ``algorithm`` is a known name. An unknown one is refused by
+    the registry (:func:`ddp_ring_hooks.schedules.get_algorithm`), so every entry point gives
+    the same message; ``native`` (not registered: no schedule) and ``auto`` are known here."""
+    if algorithm == NATIVE or (allow_auto and algorithm == AUTO):
+        return
+    schedules.get_algorithm(algorithm)

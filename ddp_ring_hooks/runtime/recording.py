@@ -175,7 +175,7 @@ def schedule_from_recordings(recordings: Sequence[RankRecording], *, run: int = 
         raise TraceError(f"ranks recorded different step counts for run {run}: {[len(r.steps) for r in runs]}")
     num_chunks = max((len(r.chunk_bytes) for r in runs), default=0) or 1
     steps = [_rebuild_step(runs, index) for index in range(lengths.pop())]
-    return Schedule(first.algorithm, p, num_chunks, tuple(steps))
+    return Schedule(first.algorithm, p, num_chunks, tuple(steps), options=tuple(sorted(first.options.items())))
 
 
 def _rebuild_step(runs: Sequence[RecordedRun], index: int) -> Step:

@@ -1,45 +1,89 @@
 """All-reduce algorithms as pure data (no torch import), with a registry by name.
 
 ``build_schedule("ring", world_size=4)`` returns a :class:`Schedule`; :func:`check_all_reduce`
-proves it is an all-reduce. New algorithms add a builder to :data:`BUILDERS`.
+proves it is an all-reduce. Every algorithm is one :class:`Algorithm` record, registered below
+(see :mod:`.registry`): adding one is a schedule file and one entry here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable
 
 from .check import ScheduleError, check_all_reduce
-from .halving_doubling import build_halving_doubling_schedule
-from .hierarchical import build_hierarchical_schedule
+from .halving_doubling import build_halving_doubling_schedule, halving_doubling_cost
+from .hierarchical import build_hierarchical_schedule, hierarchical_cost
 from .ir import Op, RankStep, Receive, Schedule, Send, Step, Transfer
-from .naive import build_naive_schedule
+from .naive import build_naive_schedule, naive_cost
+from .registry import (
+    Algorithm, CostTerms, Option, algorithm_examples, algorithm_names, get_algorithm, register_algorithm,
+    resolve_options,
+)
 from .replay import final_state, replay
-from .ring import build_ring_schedule
-from .tree import build_tree_schedule
+from .ring import build_ring_schedule, ring_cost
+from .tree import build_tree_schedule, tree_cost
 
-#: Algorithm name -> builder ``(world_size, **options) -> Schedule``.
-BUILDERS: dict[str, Callable[..., Schedule]] = {
-    "ring": build_ring_schedule,
-    "naive": build_naive_schedule,
-    "tree": build_tree_schedule,
-    "halving_doubling": build_halving_doubling_schedule,
-    "hierarchical": build_hierarchical_schedule,
-}
 
-ALGORITHMS: tuple[str, ...] = tuple(BUILDERS)
+def _positive_int(value: object) -> str | None:
+    return None if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else "must be an integer >= 1"
+
+
+def _ranks_per_node(value: object) -> str | None:
+    if value is None:
+        return "is missing: pass local_size=G (ranks per node), or run under torchrun, which sets LOCAL_WORLD_SIZE"
+    return _positive_int(value)
+
+
+def _proper_divisors(world_size: int) -> tuple[int, ...]:
+    return tuple(g for g in range(2, world_size) if world_size % g == 0)
+
+
+register_algorithm(Algorithm(
+    "ring", "reduce-scatter then all-gather around a ring: 2(p-1) messages of n/p",
+    build=build_ring_schedule, cost=ring_cost, layout="ring",
+))
+register_algorithm(Algorithm(
+    "naive", "every rank sends its buffer to rank 0, which sums and sends the result back",
+    build=build_naive_schedule, cost=naive_cost, layout="star",
+))
+register_algorithm(Algorithm(
+    "tree", "binomial-tree reduce to rank 0, then broadcast, pipelined in segments",
+    build=build_tree_schedule, cost=tree_cost, layout="tree",
+    options=(Option("segments", 1, "pipelined pieces of the buffer", check=_positive_int, label="{} segments"),),
+    examples=lambda p: ({"segments": 1}, {"segments": 3}),
+))
+register_algorithm(Algorithm(
+    "halving_doubling", "Rabenseifner: recursive halving reduce-scatter, doubling all-gather",
+    build=build_halving_doubling_schedule, cost=halving_doubling_cost, layout="ring",
+))
+register_algorithm(Algorithm(
+    "hierarchical", "rings inside each node, a ring across nodes on a 1/G shard",
+    build=build_hierarchical_schedule, cost=hierarchical_cost, layout="nodes",
+    options=(Option("local_size", None, "ranks per node (G)", check=_ranks_per_node, environment="LOCAL_WORLD_SIZE",
+                   label="{}/node"),),
+    # Only a true hierarchy (several nodes of several ranks) differs from a ring.
+    applies=lambda p, local_size: local_size is not None and local_size in _proper_divisors(p),
+    examples=lambda p: tuple({"local_size": g} for g in _proper_divisors(p)),
+))
+
+#: Names of the algorithms that run a schedule (what ``ddp_ring_hooks.ALGORITHMS`` lists).
+ALGORITHMS: tuple[str, ...] = tuple(name for name in algorithm_names() if get_algorithm(name).build is not None)
 
 
 def build_schedule(algorithm: str, world_size: int, **options) -> Schedule:
-    """Build the schedule of ``algorithm`` for ``world_size`` ranks.
+    """Build the schedule of ``algorithm`` for ``world_size`` ranks; it carries its resolved options.
 
-    Raises ``ValueError`` naming the known algorithms when ``algorithm`` is unknown.
+    Raises ``ValueError`` naming the known algorithms when ``algorithm`` is unknown, and
+    ``TypeError`` naming the valid options for an unknown option.
     """
-    if algorithm not in BUILDERS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(BUILDERS)}")
-    if world_size < 1:
+    record = get_algorithm(algorithm)
+    if record.build is None:
+        raise ValueError(f"the {algorithm} algorithm has no schedule: it runs the process group's own all-reduce")
+    if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
-    return BUILDERS[algorithm](world_size, **options)
+    resolved = resolve_options(algorithm, options)
+    schedule = record.build(world_size, **resolved)
+    return dataclasses.replace(schedule, options=tuple(sorted(resolved.items())))
 
 
 @functools.lru_cache(maxsize=128)
@@ -51,8 +95,9 @@ def checked_schedule(algorithm: str, world_size: int, **options) -> Schedule:
 
 
 __all__ = [
-    "ALGORITHMS", "BUILDERS", "Op", "RankStep", "Receive", "Schedule", "ScheduleError", "Send",
+    "ALGORITHMS", "Algorithm", "CostTerms", "Option", "Op", "RankStep", "Receive", "Schedule", "ScheduleError", "Send",
     "Step", "Transfer", "build_halving_doubling_schedule", "build_hierarchical_schedule",
     "build_naive_schedule", "build_ring_schedule", "build_tree_schedule", "build_schedule", "check_all_reduce",
-    "checked_schedule", "final_state", "replay",
+    "algorithm_examples", "algorithm_names", "checked_schedule", "final_state", "get_algorithm",
+    "register_algorithm", "replay", "resolve_options",
 ]

@@ -28,6 +28,7 @@ whole-buffer messages (Thakur, Rabenseifner and Gropp 2005; MPICH's
 from __future__ import annotations
 
 from .ir import Op, Schedule, Step, Transfer
+from .registry import CostTerms
 
 FOLD = "fold"
 REDUCE_SCATTER = "reduce-scatter"
@@ -76,3 +77,13 @@ def build_halving_doubling_schedule(world_size: int) -> Schedule:
 def _union(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
     """Two adjacent windows of blocks as one."""
     return (min(a[0], b[0]), max(a[1], b[1]))
+
+
+def halving_doubling_cost(world_size: int) -> CostTerms:
+    """``(2 lg p' + 2f)α + (2(p'-1)/p' + 2f)nβ + ((p'-1)/p' + f)nγ`` (``f = 1`` when ``p`` is not a power of two)."""
+    pof2 = 1 << (world_size.bit_length() - 1)
+    fold = 0 if pof2 == world_size else 1
+    share = (pof2 - 1) / pof2
+    return CostTerms(
+        messages=2 * (pof2.bit_length() - 1) + 2 * fold, bytes=2 * share + 2 * fold, reduced=share + fold
+    )

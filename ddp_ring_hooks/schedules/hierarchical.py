@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 
 from .ir import Op, Schedule, Step, Transfer
+from .registry import CostTerms
 
 INTRA_REDUCE_SCATTER = "intra-node reduce-scatter"
 INTER_ALL_REDUCE = "inter-node all-reduce"
@@ -88,3 +89,14 @@ def resolve_local_size(world_size: int, local_size: int | None) -> int:
             f"{world_size}; pass a local_size that divides it (every node must have the same size)"
         )
     return local_size
+
+
+def hierarchical_cost(world_size: int, *, local_size: int) -> CostTerms:
+    """``2(G-1)α_l + 2(G-1)/G·nβ_l + 2(N-1)α + 2(N-1)/(NG)·nβ + (p-1)/p·nγ``: rings inside the
+    nodes on local links, a ring across the ``N`` nodes on a ``1/G`` shard."""
+    p, g = world_size, resolve_local_size(world_size, local_size)
+    nodes = p // g
+    return CostTerms(
+        messages=2 * (nodes - 1), bytes=2 * (nodes - 1) / p, reduced=(p - 1) / p,
+        local_messages=2 * (g - 1), local_bytes=2 * (g - 1) / g,
+    )

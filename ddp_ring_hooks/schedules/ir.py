@@ -82,6 +82,9 @@ class Schedule:
     world_size: int
     num_chunks: int
     steps: tuple[Step, ...]
+    #: The options it was built with, resolved (defaults and environment filled in), as sorted
+    #: ``(name, value)`` pairs: consumers (cost model, drawings, checks) read them from here.
+    options: tuple[tuple[str, object], ...] = ()
     # A cache of plan_for, not part of the value: not compared, hashed, shown or copied.
     _plans: dict[int, tuple[RankStep, ...]] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False

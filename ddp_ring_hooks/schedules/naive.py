@@ -22,6 +22,7 @@ then copied, so every rank ends with bit-identical values.
 from __future__ import annotations
 
 from .ir import Op, Schedule, Step, Transfer
+from .registry import CostTerms
 
 REDUCE = "reduce"
 BROADCAST = "broadcast"
@@ -35,3 +36,9 @@ def build_naive_schedule(world_size: int) -> Schedule:
     gather = [Step(REDUCE, (Transfer(rank, ROOT, 0, Op.REDUCE),)) for rank in others]
     scatter = [Step(BROADCAST, (Transfer(ROOT, rank, 0, Op.COPY),)) for rank in others]
     return Schedule("naive", p, 1, tuple(gather + scatter))
+
+
+def naive_cost(world_size: int) -> CostTerms:
+    """``2(p-1)(α + nβ) + (p-1)nγ``: the root sends or receives ``2(p - 1)`` whole buffers, one at a time."""
+    p = world_size
+    return CostTerms(messages=2 * (p - 1), bytes=2 * (p - 1), reduced=p - 1)

@@ -25,6 +25,7 @@ ends with bit-identical values.
 from __future__ import annotations
 
 from .ir import Op, Schedule, Step, Transfer
+from .registry import CostTerms
 
 REDUCE_SCATTER = "reduce-scatter"
 ALL_GATHER = "all-gather"
@@ -42,3 +43,9 @@ def build_ring_schedule(world_size: int) -> Schedule:
         for s in range(p - 1)
     ]
     return Schedule("ring", p, p, tuple(reduce_scatter + all_gather))
+
+
+def ring_cost(world_size: int) -> CostTerms:
+    """``2(p-1)α + 2(p-1)/p·nβ + (p-1)/p·nγ``: ``2(p - 1)`` messages of ``n/p`` bytes, half of them added."""
+    p = world_size
+    return CostTerms(messages=2 * (p - 1), bytes=2 * (p - 1) / p, reduced=(p - 1) / p)

@@ -35,7 +35,10 @@ on it (``ddp-ring-hooks bench``).
 
 from __future__ import annotations
 
+import math
+
 from .ir import Op, Schedule, Step, Transfer
+from .registry import CostTerms
 
 REDUCE = "reduce"
 BROADCAST = "broadcast"
@@ -73,3 +76,12 @@ def _binomial_edges(world_size: int, round_: int) -> tuple[tuple[int, int], ...]
     """``(child, parent)`` pairs of round ``round_``: ranks whose lowest set bit is that round."""
     bit = 1 << round_
     return tuple((child, child - bit) for child in range(bit, world_size, 2 * bit))
+
+
+def tree_cost(world_size: int, *, segments: int = 1) -> CostTerms:
+    """``2(L+k-1)(α + nβ/k) + (L+k-1)·nγ/k`` with ``L = ⌈lg p⌉``: each of the two phases takes
+    ``L + k - 1`` steps of one ``n/k`` segment."""
+    if world_size == 1:
+        return CostTerms()
+    span = math.ceil(math.log2(world_size)) + segments - 1
+    return CostTerms(messages=2 * span, bytes=2 * span / segments, reduced=span / segments)

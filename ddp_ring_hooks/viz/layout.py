@@ -17,11 +17,9 @@ units of the ring radius; the drawing scales them to fit.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..schedules import Op, Schedule
-from ..schedules.hierarchical import resolve_local_size
+from ..schedules import Op, Schedule, get_algorithm
 
 Point = tuple[float, float]
 
@@ -36,21 +34,20 @@ class Layout:
     groups: tuple[tuple[int, ...], ...] = ()
 
 
-def choose_layout(schedule: Schedule, options: Mapping[str, object] | None = None) -> Layout:
-    """The layout for ``schedule.algorithm``: ring, tree, star (naive) or nodes (hierarchical)."""
-    options = dict(options or {})
-    kind = {"tree": "tree", "naive": "star", "hierarchical": "nodes"}.get(schedule.algorithm, "ring")
+def choose_layout(schedule: Schedule) -> Layout:
+    """The layout its registry record names for ``schedule.algorithm``: ring, tree, star or
+    nodes (drawn with the ``local_size`` the schedule was built with)."""
+    try:
+        kind = get_algorithm(schedule.algorithm).layout
+    except ValueError:  # a hand-made or recorded schedule of no registered algorithm
+        kind = "ring"
     if kind == "tree":
         return layout_tree(schedule)
     if kind == "star":
         return layout_star(schedule)
-    if kind == "nodes":
-        try:  # the schedule was built with this size, or LOCAL_WORLD_SIZE, as the builder does
-            local_size = resolve_local_size(schedule.world_size, options.get("local_size"))
-        except ValueError:
-            local_size = schedule.world_size
-        if local_size < schedule.world_size:
-            return layout_nodes(schedule.world_size, local_size)
+    local_size = dict(schedule.options).get("local_size")
+    if kind == "nodes" and local_size and local_size < schedule.world_size:
+        return layout_nodes(schedule.world_size, local_size)
     return layout_ring(schedule.world_size)
 
 

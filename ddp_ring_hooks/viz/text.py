@@ -17,7 +17,6 @@ as often drawn, one rank with the total and the others with 0).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 
 from .. import cost_model
 from .simulate import END, START, ChunkState, Frame, Simulation
@@ -29,7 +28,6 @@ def explain(
     element_size: int = 4,
     alpha: float,
     beta: float,
-    options: Mapping[str, object] | None = None,
 ) -> str:
     """The whole explanation: header, every frame, the final check and the cost summary."""
     schedule = simulation.schedule
@@ -39,7 +37,7 @@ def explain(
         lines += ["", *format_frame(simulation, frame)]
         if frame.kind != START and frame.kind != END and frame.step in phase_ends:
             lines.append(_phase_summary(simulation, frame))
-    lines += ["", _result(simulation), "", *format_cost(simulation, element_size=element_size, alpha=alpha, beta=beta, options=options)]
+    lines += ["", _result(simulation), "", *format_cost(simulation, element_size=element_size, alpha=alpha, beta=beta)]
     return "\n".join(lines) + "\n"
 
 
@@ -67,13 +65,12 @@ def format_cost(
     element_size: int,
     alpha: float,
     beta: float,
-    options: Mapping[str, object] | None = None,
 ) -> list[str]:
     """Steps, bytes sent per rank and α-β time of one all-reduce of this buffer.
 
     The numbers come from :mod:`ddp_ring_hooks.cost_model`: stepped through the schedule
     (what the executor runs) and, where the algorithm has one, its closed form.
-    ``options`` are the schedule's builder options (``local_size``, ``segments``).
+    The closed form takes the options the schedule was built with (``schedule.options``).
     """
     schedule = simulation.schedule
     nbytes = sum(simulation.chunk_elements) * element_size
@@ -81,7 +78,7 @@ def format_cost(
     per_rank = ", ".join(f"rank {rank}: {format_bytes(b)}" for rank, b in enumerate(sent))
     stepped = cost_model.simulate(schedule, nbytes, alpha=alpha, beta=beta)
     try:
-        closed = cost_model.predict(schedule.algorithm, nbytes, schedule.world_size, alpha=alpha, beta=beta, **(options or {}))
+        closed = cost_model.predict(schedule.algorithm, nbytes, schedule.world_size, alpha=alpha, beta=beta, **dict(schedule.options))
     except (TypeError, ValueError):  # an algorithm (or option) the formulas do not cover
         closed = None
     uneven = len(set(simulation.chunk_elements)) > 1

@@ -1,0 +1,43 @@
+"""The error a DDP hook raises when it cannot reduce a bucket (what :mod:`~ddp_ring_hooks.runtime.errors`
+cannot know: which hook, which bucket of which iteration)."""
+
+from __future__ import annotations
+
+from ..runtime.errors import RECOVERY_ADVICE, CommunicationError, StepFailedError
+
+
+class HookFailedError(CommunicationError):
+    """A DDP hook could not reduce a bucket: names the hook, the algorithm that ran, the bucket
+    and, if known, the step and peer.
+
+    Attributes:
+        hook: the hook's name (``"ring_hook"``).
+        algorithm: the algorithm that reduced this bucket (with ``auto``: the one it chose).
+        bucket: the bucket's index in its iteration (DDP hands buckets over in index order).
+        iteration: the hook state's ``iteration`` when the bucket arrived.
+        step: the :class:`StepFailedError` underneath, or ``None`` when the failure came from
+            elsewhere (e.g. posting the operations).
+    """
+
+    def __init__(
+        self,
+        *,
+        hook: str,
+        algorithm: str,
+        bucket: int,
+        iteration: int,
+        numel: int,
+        dtype: str,
+        cause: BaseException,
+    ) -> None:
+        self.hook = hook
+        self.algorithm = algorithm
+        self.bucket = bucket
+        self.iteration = iteration
+        self.step = cause if isinstance(cause, StepFailedError) else None
+        where = f"{hook} ({algorithm}): bucket {bucket} of iteration {iteration} ({numel:,} {dtype} elements)"
+        if self.step is not None:
+            detail = f"{self.step.where()}: {self.step.cause}"
+        else:
+            detail = f"{type(cause).__name__}: {str(cause).strip()}"
+        super().__init__(f"{where}: {detail}\n{RECOVERY_ADVICE}")

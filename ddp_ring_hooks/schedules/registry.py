@@ -1,0 +1,179 @@
+"""The algorithm registry: one :class:`Algorithm` record per all-reduce algorithm, registered once.
+
+A record says everything the rest of the package needs to know about an algorithm, so no
+consumer keeps a list of names or an ``if algorithm == ...`` chain of its own:
+
+==============  ===================================================================================
+``build``       the schedule builder ``(world_size, **options) -> Schedule`` (``None``: the
+                algorithm has no schedule, e.g. ``native``, the group's own all-reduce)
+``options``     its :class:`Option` s: names, defaults, checks, and where a default comes from
+``cost``        its α-β-γ :class:`CostTerms` for ``p`` ranks (the cost model multiplies them out)
+``layout``      how to draw it: ``"ring"``, ``"tree"``, ``"star"`` or ``"nodes"``
+``applies``     whether it makes sense for ``world_size`` ranks in nodes of ``local_size``
+``examples``    valid option sets for ``p`` ranks (the test grids enumerate them)
+==============  ===================================================================================
+
+Adding an algorithm is one schedule file and one :func:`register_algorithm` call (see
+``docs/architecture.md``). :func:`get_algorithm` is the one place that refuses an unknown
+name, and :func:`resolve_options` the one place that checks options and fills their defaults,
+reading the environment (``LOCAL_WORLD_SIZE``) there and nowhere else. The resolved options
+travel with the schedule (:attr:`Schedule.options`), so a consumer never re-derives them.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from .ir import Schedule
+
+#: Option values are plain Python values (ints, None); checks return an error text or ``None``.
+Check = Callable[[object], "str | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One option of an algorithm.
+
+    ``environment`` names a variable that supplies the value when the caller gives none
+    (``LOCAL_WORLD_SIZE`` for ``hierarchical``'s ``local_size``, as torchrun sets it);
+    ``label`` shows a value in tables and titles (``"{} segments"``).
+    """
+
+    name: str
+    default: object
+    doc: str
+    check: Check = lambda value: None
+    environment: str | None = None
+    label: str = ""
+
+    def describe(self, value: object) -> str:
+        """The value as tables show it: ``"4 segments"``, ``"2/node"``."""
+        return self.label.format(value) if self.label else f"{self.name}={value}"
+
+
+@dataclass(frozen=True, slots=True)
+class CostTerms:
+    """An algorithm's time in the α-β-γ model, as coefficients of its terms::
+
+        time = messages·α + n·(bytes·β + reduced·γ) + local_messages·α_l + n·local_bytes·β_l
+
+    ``messages`` are the message start-ups on the critical path, ``bytes`` and ``reduced`` the
+    bytes sent and added there per byte of the ``n``-byte buffer; the ``local_`` terms are the
+    same for links inside a node (hierarchical), priced at ``α_l, β_l``.
+    """
+
+    messages: float = 0.0
+    bytes: float = 0.0
+    reduced: float = 0.0
+    local_messages: float = 0.0
+    local_bytes: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Algorithm:
+    """Everything the package knows about one all-reduce algorithm (see the module docstring)."""
+
+    name: str
+    summary: str
+    build: Callable[..., Schedule] | None
+    cost: Callable[..., CostTerms] | None = None
+    layout: str = "ring"
+    options: tuple[Option, ...] = ()
+    applies: Callable[[int, "int | None"], bool] = lambda world_size, local_size: True
+    examples: Callable[[int], tuple[dict, ...]] = lambda world_size: ({},)
+    _by_name: dict[str, Option] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_name.update((option.name, option) for option in self.options)
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        """The names of its options, in declaration order."""
+        return tuple(self._by_name)
+
+
+_REGISTRY: dict[str, Algorithm] = {}
+
+
+def register_algorithm(algorithm: Algorithm) -> Algorithm:
+    """Add ``algorithm`` to the registry (a name may be registered once)."""
+    if algorithm.name in _REGISTRY:
+        raise ValueError(f"an algorithm named {algorithm.name!r} is already registered")
+    _REGISTRY[algorithm.name] = algorithm
+    return algorithm
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """Every registered name, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The record of ``name``; the one place an unknown name is refused."""
+    algorithm = _REGISTRY.get(name)
+    if algorithm is None:
+        raise ValueError(
+            f"unknown algorithm {name!r}{_did_you_mean(name, _REGISTRY)}; choose one of "
+            f"{', '.join(_REGISTRY)} (or 'auto', where an algorithm is chosen per bucket)"
+        )
+    return algorithm
+
+
+def resolve_options(name: str, options: Mapping[str, object] | None = None, *, world_size: int | None = None) -> dict:
+    """``options`` checked against ``name``'s declared options, with every default filled in.
+
+    A missing option takes its ``environment`` variable if one is set, else its default. With
+    ``world_size`` the options are also checked to fit that many ranks (by building nothing:
+    :func:`build_schedule` does that). Raises ``TypeError`` for an unknown option (naming the
+    valid ones) and ``ValueError`` for a bad value.
+    """
+    algorithm = get_algorithm(name)
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(algorithm.option_names))
+    if unknown:
+        valid = ", ".join(algorithm.option_names) or "none"
+        raise TypeError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} for the "
+            f"{name} algorithm{_did_you_mean(unknown[0], algorithm.option_names)}; its options: {valid}"
+        )
+    resolved = {}
+    for option in algorithm.options:
+        value = options.get(option.name, None)
+        if value is None and option.environment and option.environment in os.environ:
+            value = _from_environment(option)
+        if value is None:
+            value = option.default
+        problem = option.check(value)
+        if problem:
+            raise ValueError(f"{name}: {option.name}={value!r} {problem}")
+        resolved[option.name] = value
+    return resolved
+
+
+def algorithm_examples(world_size: int, *, scheduled_only: bool = False) -> tuple[tuple[str, dict], ...]:
+    """Every ``(name, options)`` pair the registry offers as an example for ``world_size`` ranks:
+    one enumeration for the test grids, the benchmarks and the docs."""
+    return tuple(
+        (name, dict(options))
+        for name, algorithm in _REGISTRY.items()
+        if not (scheduled_only and algorithm.build is None)
+        for options in algorithm.examples(world_size)
+    )
+
+
+def _from_environment(option: Option) -> object:
+    text = os.environ[option.environment]
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{option.environment}={text!r} must be an integer (it supplies {option.name})") from None
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,0 +1,65 @@
+"""Helpers shared by the test modules, and one enumeration of the algorithm registry for the grids.
+
+Spawned ranks import what they run by module name, so everything here is module-level and
+importable as ``tests.conftest``. Nothing here fakes the thing under test: the model is a
+real ``nn.Module``, inputs are seeded random tensors, digests are SHA-256 of the bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from ddp_ring_hooks.schedules import algorithm_examples
+
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def algorithm_cases(world_size: int, *, flat_hierarchies: bool = False) -> list[tuple[str, dict]]:
+    """Every ``(algorithm, options)`` pair the registry gives as an example for ``world_size``
+    ranks (the tree pipelined or not, hierarchical in every shape of several nodes of several
+    ranks); with ``flat_hierarchies``, hierarchical also as one node and as nodes of one rank."""
+    cases = list(algorithm_examples(world_size, scheduled_only=True))
+    if flat_hierarchies:
+        cases += [("hierarchical", {"local_size": g}) for g in sorted({1, world_size})]
+    return cases
+
+
+class Net(torch.nn.Module):
+    """A few layers of different sizes, plus one that forward skips when asked to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(32, 96), torch.nn.Tanh(), torch.nn.Linear(96, 96), torch.nn.Tanh(), torch.nn.Linear(96, 7)
+        )
+        self.unused = torch.nn.Linear(7, 7)
+
+    def forward(self, x, use_all=True):
+        out = self.body(x)
+        return self.unused(out) if use_all else out
+
+
+def rank_input(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """The seeded input of ``rank``: the same on every run, different per rank and size."""
+    generator = torch.Generator().manual_seed(1000 * rank + numel)
+    return torch.randn(numel, generator=generator, dtype=torch.float64).to(dtype)
+
+
+def digest(tensor: torch.Tensor) -> str:
+    """SHA-256 of the tensor's bytes: equal digests mean bit-identical values."""
+    return hashlib.sha256(tensor.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def within_summation_bound(result, inputs, dtype, world_size) -> float:
+    """How far ``result`` is from the exact sum, as a fraction of the allowed bound (<= 1 passes).
+
+    The bound is the textbook one for recursive summation, ``p · u · Σ|x_i|`` (``u`` = unit
+    roundoff of the dtype): one rounding per addition plus the final conversion.
+    """
+    exact = torch.stack([x.double() for x in inputs]).sum(0)
+    bound = world_size * UNIT_ROUNDOFF[dtype] * torch.stack([x.double().abs() for x in inputs]).sum(0)
+    excess = (result.double() - exact).abs() / bound.clamp_min(torch.finfo(torch.float64).tiny)
+    return float(excess.max()) if excess.numel() else 0.0

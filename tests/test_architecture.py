@@ -1,0 +1,85 @@
+"""The dependency rule, checked on the source: layers import only the layers below them.
+
+    schedules  ->  runtime  ->  hooks  ->  integrations, cli, train_examples
+    (pure)       (torch.distributed)
+    cost_model (pure), telemetry and viz are leaves that never import hooks.
+
+Read with ``ast`` from the files themselves (nothing imported), so a new import that breaks
+the rule fails here with the file and the line, before it becomes a cycle or a layer that
+needs a process group to be tested.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ddp_ring_hooks"
+
+#: Layer -> the layers of ours it may import (besides itself). Modules at the top of the
+#: package (``bench``, ``launch``, ``progress``) are layers of their own.
+ALLOWED: dict[str, set[str]] = {
+    "schedules": set(),
+    "cost_model": {"schedules"},
+    "progress": set(),
+    "runtime": {"schedules", "cost_model"},
+    "telemetry": {"runtime", "schedules", "cost_model"},
+    "viz": {"schedules", "cost_model", "progress"},
+    "hooks": {"schedules", "cost_model", "runtime", "telemetry"},
+    "launch": set(),
+    "bench": {"schedules", "cost_model", "runtime", "telemetry", "progress", "launch"},
+    "integrations": {"schedules", "cost_model", "runtime", "telemetry", "hooks"},
+    "cli": {"schedules", "cost_model", "runtime", "telemetry", "viz", "bench", "launch", "progress", "hooks"},
+}
+
+
+def layer_of(path: Path) -> str:
+    relative = path.relative_to(PACKAGE)
+    return relative.parts[0].removesuffix(".py") if len(relative.parts) > 1 or relative.stem not in ("__init__", "__main__") else "package"
+
+
+def imported_layers(path: Path, root: Path = PACKAGE.parent) -> list[tuple[str, int]]:
+    """``(layer, line)`` for every import of another part of the package in ``path`` (a file
+    under ``root``, the folder that holds the package)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package_parts = path.relative_to(root).with_suffix("").parts[:-1]  # e.g. ("ddp_ring_hooks", "hooks")
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package_parts[: len(package_parts) - node.level + 1]
+                target = (*base, *(node.module.split(".") if node.module else ()))
+                names = [target] if node.module else [(*target, alias.name) for alias in node.names]
+            else:
+                names = [tuple((node.module or "").split("."))]
+        elif isinstance(node, ast.Import):
+            names = [tuple(alias.name.split(".")) for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if len(name) >= 2 and name[0] == "ddp_ring_hooks":
+                found.append((name[1], node.lineno))
+    return found
+
+
+MODULES = sorted(p for p in PACKAGE.rglob("*.py") if layer_of(p) != "package")
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_each_module_imports_only_the_layers_below_it(path):
+    layer = layer_of(path)
+    assert layer in ALLOWED, f"{path}: layer {layer!r} has no rule in ALLOWED; add one"
+    wrong = [(other, line) for other, line in imported_layers(path) if other != layer and other not in ALLOWED[layer]]
+    assert not wrong, f"{path.relative_to(PACKAGE)} ({layer}) imports " + ", ".join(
+        f"{other} (line {line})" for other, line in wrong
+    ) + f"; {layer} may import only {sorted(ALLOWED[layer]) or 'nothing of ours'}"
+
+
+def test_the_rule_catches_an_import_that_breaks_it(tmp_path):
+    # The checker itself: a schedules module importing the runtime is reported.
+    bad = tmp_path / "ddp_ring_hooks" / "schedules" / "probe.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("from ..runtime import run_schedule\nimport ddp_ring_hooks.hooks\nfrom . import ir\n")
+    assert imported_layers(bad, root=tmp_path) == [("runtime", 1), ("hooks", 2), ("schedules", 3)]

@@ -409,15 +409,16 @@ class Telemetry:
                     self._guard(lambda: sink.write(record))
 
     def _deliver(self, item: RankArrivals | _PeerTraces) -> None:
-        """Gathered ranks go to every sink that takes them (``write_ranks``); peer traces to
-        the trace file."""
-        if isinstance(item, RankArrivals):
+        """Gathered ranks of spread steps go to every sink that takes them (``write_ranks``),
+        those of trace steps to the trace; peer traces to the trace file."""
+        spread = isinstance(item, RankArrivals) and self._is_spread_step(item.step)
+        if spread:
             self._stragglers.add(item)
         for sink, _ in self._all_routes():
             if isinstance(item, _PeerTraces):
                 if isinstance(sink, TraceSink):
                     self._guard(lambda: sink.add_peer_traces(item.traces))
-            elif callable(getattr(sink, "write_ranks", None)):
+            elif (spread or isinstance(sink, TraceSink)) and callable(getattr(sink, "write_ranks", None)):
                 self._guard(lambda: sink.write_ranks(item))
 
     def _flush_sinks(self) -> None:

@@ -71,6 +71,10 @@ def test_delayed_rank_is_named_with_its_cost(tmp_path, world_size, delayed_rank)
     wait_ms = statistics.median(r.straggler_wait_ms for r in records)
     assert wait_ms == pytest.approx(DELAY_S * 1e3, rel=0.3)
     assert all(r.clock_error_ms == 0.0 and not any(r.offsets_ms) for r in records)  # one host: one clock
+    # What slowest_rank used to log, the longest communication, names a victim, not the culprit:
+    # the others' communication includes their wait for it.
+    longest = [max(range(world_size), key=r.total_ms.__getitem__) for r in records]
+    assert sum(rank == delayed_rank for rank in longest) <= 0.5 * len(records), longest
     summary = results[0][1]
     assert f"rank {delayed_rank} arrived last in" in summary, summary
     # TensorBoard names the culprit, not a victim; slowest_rank is gone.
@@ -172,3 +176,39 @@ def test_ping_pong_recovers_clock_offsets_across_hosts():
         assert abs(skewed.offsets_ms[rank] - expected) <= skewed.error_ms[rank] + 1e-6
         assert skewed.error_ms[rank] < 50.0  # half a loopback round trip, even on a busy machine
     assert all(result == results[0] for result in results)  # every rank knows every offset
+
+
+def test_arrivals_name_the_last_rank_and_the_others_wait():
+    record = RankArrivals(step=3, first_ms=(0.0, 1.0, 30.0, 2.0), last_ms=(10.0, 12.0, 40.0, 11.0),
+                          total_ms=(45.0, 44.0, 9.0, 44.5), offsets_ms=(0.0,) * 4)
+    assert record.straggler == 2
+    assert record.waits_ms == (30.0, 28.0, 0.0, 29.0)
+    assert record.straggler_wait_ms == 29.0  # median of the others, not counting the straggler's 0
+    assert record.arrival_spread_ms == 30.0
+
+
+def test_summary_line_names_a_consistent_straggler_only():
+    def arrivals(step, last_rank, wait):
+        last = [100.0] * 3
+        last[last_rank] += wait
+        return RankArrivals(step=step, first_ms=(0.0,) * 3, last_ms=tuple(last), total_ms=(1.0,) * 3,
+                            offsets_ms=(0.0,) * 3)
+
+    culprit = StragglerTally()
+    for step in range(1, 26):
+        culprit.add(arrivals(step, 2 if step != 7 else 0, 29.0))
+    assert culprit.is_consistent()
+    assert culprit.render().startswith("stragglers: rank 2 arrived last in 96% of 25 steps, costing the others 29 ms")
+    balanced = StragglerTally()
+    for step in range(1, 26):
+        balanced.add(arrivals(step, step % 3, 29.0))  # everyone is last now and then
+    assert not balanced.is_consistent() and "no consistent straggler" in balanced.render()
+    short = StragglerTally()
+    for step in range(1, 3):
+        short.add(arrivals(step, 1, 29.0))
+    assert not short.is_consistent()  # two steps prove nothing
+    noise = StragglerTally()
+    for step in range(1, 26):
+        noise.add(arrivals(step, 1, 0.2))  # always last, but by a fraction of a millisecond
+    assert not noise.is_consistent()
+    assert "no step" in StragglerTally().render()

@@ -5,10 +5,12 @@ arrives last in most steps *and* costs the others real time is worth a sentence:
 
     rank 2 arrived last in 96% of 24 steps, costing the others 29 ms per step (median wait)
 
-A rank is named only when it arrived last in at least :data:`CONSISTENT_SHARE` of the steps
-and the median wait it caused is at least :data:`NOISE_FLOOR_MS` (and above the clock
-alignment's own error); otherwise the line says there was no consistent straggler and gives
-the median arrival spread, so a balanced run reads as balanced.
+A rank is named only when, over at least :data:`MIN_STEPS` gathered steps, it arrived last in
+at least :data:`CONSISTENT_SHARE` of them (well above chance: with two balanced ranks one of
+them is last in half the steps anyway) and the median wait it caused is at least
+:data:`NOISE_FLOOR_MS` and twice the clock alignment's error; otherwise the line says there
+was no consistent straggler and gives the median arrival spread, so a balanced run reads as
+balanced.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import statistics
 
 from .records import RankArrivals
 
-#: A rank is a consistent straggler when it arrived last in at least this share of the steps.
-CONSISTENT_SHARE = 0.5
+#: A rank is a consistent straggler when it arrived last in at least this share of the steps,
+CONSISTENT_SHARE = 0.75
+#: ... of at least this many steps,
+MIN_STEPS = 5
 #: ... and the median wait it caused is at least this long (shorter is scheduling noise).
 NOISE_FLOOR_MS = 1.0
 
@@ -59,7 +63,10 @@ class StragglerTally:
         if leader is None:
             return False
         _, share, wait_ms = leader
-        return share >= CONSISTENT_SHARE and wait_ms >= max(NOISE_FLOOR_MS, 2 * self.clock_error_ms)
+        return (
+            self.steps >= MIN_STEPS and share >= CONSISTENT_SHARE
+            and wait_ms >= max(NOISE_FLOOR_MS, 2 * self.clock_error_ms)
+        )
 
     def render(self) -> str:
         """The summary line."""

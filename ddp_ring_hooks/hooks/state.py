@@ -247,7 +247,8 @@ class HookState:
         self.telemetry.close()
 
     def summary(self) -> str:
-        """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw)."""
+        """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw),
+        and a line naming the rank that kept the others waiting (with ``spread_every``)."""
         return self.telemetry.summary()
 
     # -- pickling ------------------------------------------------------------------------

@@ -375,12 +375,14 @@ class Telemetry:
                 warnings.warn(f"telemetry sink {type(sink).__name__} failed to close: {error}", stacklevel=2)
 
     def summary(self) -> str:
-        """The per-bucket summary table of the logged steps so far, as text."""
+        """The per-bucket summary table of the logged steps so far, as text; with
+        ``spread_every``, a last line on stragglers (:class:`~.stragglers.StragglerTally`)."""
         if not self.enabled and self._writer is None:
             return ("no communication telemetry: pass log_dir=PATH or sinks=[...] to register/HookState "
                     "to record per-bucket timings")
         self.flush()
-        return self._summary.render(dropped=self._dropped) + "\n" + self._stragglers.render()
+        stragglers = f"\n{self._stragglers.render()}" if self._options.spread_every else ""
+        return self._summary.render(dropped=self._dropped) + stragglers
 
     # -- writer thread -----------------------------------------------------------------------
 

@@ -24,7 +24,9 @@ The messages are CPU tensors, so the group needs a CPU backend (gloo, or NCCL pl
 
 from __future__ import annotations
 
+import json
 import math
+import time
 import warnings
 
 import torch
@@ -94,6 +96,7 @@ class ArrivalGather:
             torch.futures.wait_all(futures)
         except Exception:  # noqa: BLE001 - DDP raises the bucket's failure; the group is unusable
             return
+        total_ms = self.telemetry.take_step_total_ms(step)  # every bucket finished: it is there
         if "gloo" not in str(dist.get_backend(group)):
             if not self._warned:
                 self._warned = True
@@ -103,7 +106,7 @@ class ArrivalGather:
         if self._offsets is None or self._gathers % RESYNC_EVERY == 0:
             self._offsets = estimate_clock_offsets(group, tag=ARRIVALS_TAG)
         self._gathers += 1
-        row = [_clock_ms(*first), _clock_ms(*last), self.telemetry.take_step_total_ms(step)]
+        row = [_clock_ms(*first), _clock_ms(*last), total_ms]
         rows = all_gather_rows(row, group, tag=ARRIVALS_TAG)
         offsets = self._offsets.offsets_ms
         self.telemetry.record_ranks(RankArrivals(
@@ -120,8 +123,6 @@ class ArrivalGather:
 
     def _gather_trace(self, group) -> None:
         """Rank 0 receives every rank's trace events of the window, for one merged file."""
-        import json
-
         payloads = gather_bytes_to_rank0(json.dumps(self.telemetry.local_trace_events()).encode(), group, tag=ARRIVALS_TAG)
         if payloads is not None:
             offsets = self._offsets.offsets_ms
@@ -133,8 +134,6 @@ class ArrivalGather:
 def _clock_ms(timer, mark) -> float:
     """A mark on the host's monotonic clock (CUDA: once its event completed; polls, off the
     training thread)."""
-    import time
-
     if not timer.wait_ready(mark, time.monotonic() + _DEADLINE_S):
         return math.nan
     return timer.clock_ms(mark)

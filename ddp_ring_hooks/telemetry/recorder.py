@@ -55,6 +55,7 @@ from .timer import CudaTimer, HostTimer
 
 _STOP = object()
 _CLOSE_TIMEOUT_S = 30.0
+_KEPT_TOTALS = 64  # steps' totals waiting for the hook state's gather
 TRACE_FILE = "comm_trace.json"
 
 
@@ -269,6 +270,8 @@ class Telemetry:
         if self.gathers_ranks(pending.step) and isinstance(pending.buckets[0].timer, HostTimer):
             with self._step_lock:  # CUDA marks are not resolved yet: its total stays unknown
                 self._step_totals[pending.step] = _busy_ms(pending.buckets)
+                if len(self._step_totals) > _KEPT_TOTALS:  # nobody took them (no hook state gathers)
+                    del self._step_totals[next(iter(self._step_totals))]
         pending.dropped = self._dropped
         try:
             self._queue.put_nowait(pending)
@@ -329,10 +332,8 @@ class Telemetry:
             # Kept in memory only, for rank 0 to gather into its merged trace.
             return [(TraceSink(None, steps=options.trace_steps), self._is_trace_step)] if options.trace_steps else []
         directory = os.path.join(options.log_dir, f"rank_{rank}") if options.per_rank else options.log_dir
-        tensorboard = _SpreadOffLogSteps(TensorBoardSink(directory), self._is_log_step)
-        routes: list[tuple[Sink, Callable[[int], bool]]] = [
-            (tensorboard, lambda step: self._is_log_step(step) or self._is_spread_step(step))
-        ]
+        # Logged steps; the gathered ranks of spread steps come through write_ranks.
+        routes: list[tuple[Sink, Callable[[int], bool]]] = [(TensorBoardSink(directory), self._is_log_step)]
         if options.trace_steps is not None:
             routes.append((TraceSink(os.path.join(directory, TRACE_FILE), steps=options.trace_steps),
                            self._is_trace_step))
@@ -464,28 +465,6 @@ class Telemetry:
         self._options = state["options"]
         self._user_sinks = ()
         self._reset_runtime()
-
-
-class _SpreadOffLogSteps(Sink):
-    """Passes logged steps whole; of spread steps between them only the ranks' spread."""
-
-    def __init__(self, sink: Sink, is_log_step: Callable[[int], bool]) -> None:
-        self.sink = sink
-        self._is_log_step = is_log_step
-
-    def write(self, record: StepRecord) -> None:
-        if not self._is_log_step(record.step):
-            record = dataclasses.replace(record, buckets=(), num_buckets=0)
-        self.sink.write(record)
-
-    def write_ranks(self, record: RankArrivals) -> None:
-        self.sink.write_ranks(record)
-
-    def flush(self) -> None:
-        self.sink.flush()
-
-    def close(self) -> None:
-        self.sink.close()
 
 
 def resolve_step(pending: _PendingStep, *, deadline: float) -> StepRecord | None:

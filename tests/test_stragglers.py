@@ -18,7 +18,7 @@ from ddp_ring_hooks.telemetry.stragglers import StragglerTally
 
 from ._dist import run_ranks
 
-STEPS = 8
+STEPS = 12
 SKIP = 2  # the first steps: DDP's provisional buckets, the layout check's collectives
 DELAY_S = 0.06
 TRACE_WINDOW = (4, 6)

@@ -59,6 +59,8 @@ class ArrivalGather:
         self._offsets: ClockOffsets | None = None
         self._gathers = 0
         self._warned = False
+        # After a failed gather the ranks' message streams may be out of step: gather no more.
+        self._broken = False
 
     def mark(self, step: int, buffer: torch.Tensor):
         """On the hook thread, as a bucket is handed over: a clock mark if ``step`` is gathered."""
@@ -97,12 +99,24 @@ class ArrivalGather:
         except Exception:  # noqa: BLE001 - DDP raises the bucket's failure; the group is unusable
             return
         total_ms = self.telemetry.take_step_total_ms(step)  # every bucket finished: it is there
-        if "gloo" not in str(dist.get_backend(group)):
-            if not self._warned:
-                self._warned = True
-                warnings.warn("spread_every gathers arrivals with CPU messages and needs gloo on the group "
-                              "(init_process_group() without a backend gives NCCL plus gloo); skipped", stacklevel=1)
+        if self._broken:
             return
+        if "gloo" not in str(dist.get_backend(group)):
+            self._give_up("it sends CPU tensors and needs gloo on the group (init_process_group() without "
+                          "a backend gives NCCL plus gloo)")
+            return
+        try:
+            self._exchange(step, first, last, total_ms, group)
+        except RuntimeError as error:  # a peer gone or timed out
+            self._give_up(f"a gather failed: {error}")
+
+    def _give_up(self, why: str) -> None:
+        self._broken = True
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"spread_every: no more arrival gathers on this rank: {why}", stacklevel=1)
+
+    def _exchange(self, step: int, first, last, total_ms: float, group) -> None:
         if self._offsets is None or self._gathers % RESYNC_EVERY == 0:
             self._offsets = estimate_clock_offsets(group, tag=ARRIVALS_TAG)
         self._gathers += 1

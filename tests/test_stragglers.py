@@ -212,3 +212,28 @@ def test_summary_line_names_a_consistent_straggler_only():
         noise.add(arrivals(step, 1, 0.2))  # always last, but by a fraction of a millisecond
     assert not noise.is_consistent()
     assert "no step" in StragglerTally().render()
+
+
+def test_trace_merge_shifts_each_rank_onto_rank0s_clock_and_refuses_strangers(tmp_path):
+    from ddp_ring_hooks.telemetry.trace_merge import merge_trace_files
+
+    def write(name, rank, offset_ms, ts):
+        path = tmp_path / name
+        path.write_text(json.dumps({
+            "traceEvents": [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
+                            {"ph": "X", "name": "bucket 0 step 2", "pid": rank, "tid": 0, "ts": ts, "dur": 5.0}],
+            "ddp_ring_hooks": {"rank": rank, "clock_offset_ms": offset_ms, "clock_error_ms": 0.02},
+        }))
+        return str(path)
+
+    # Rank 1's clock runs 2 s ahead: its event at 2_000_100 µs happened at 100 µs on rank 0's clock.
+    merged = merge_trace_files([write("a.json", 0, 0.0, 100.0), write("b.json", 1, 2000.0, 2_000_100.0)])
+    slices = {e["pid"]: e["ts"] for e in merged["traceEvents"] if e["ph"] == "X"}
+    assert slices == {0: 100.0, 1: pytest.approx(100.0)}
+    assert merged["ddp_ring_hooks"]["merged_ranks"] == [0, 1] and merged["ddp_ring_hooks"]["clock_error_ms"] == 0.02
+    with pytest.raises(ValueError, match="both hold rank 0"):
+        merge_trace_files([write("a.json", 0, 0.0, 1.0), write("c.json", 0, 0.0, 1.0)])
+    stranger = tmp_path / "profiler.json"
+    stranger.write_text(json.dumps({"traceEvents": []}))
+    with pytest.raises(ValueError, match="not a trace written by ddp_ring_hooks"):
+        merge_trace_files([str(stranger)])

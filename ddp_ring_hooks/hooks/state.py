@@ -35,9 +35,11 @@ from ..runtime import ExecutionObserver, combine_observers, run_schedule, worker
 from ..runtime.errors import CommunicationError
 from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options
 from ..telemetry import Sink, Telemetry
+from .arrivals import ArrivalGather
 from .auto import AUTO, AutoSelector
 from .errors import HookFailedError
 from .layout_check import BucketLayout, check_bucket_layout
+from .profiling import PhaseRanges, in_bucket_range, profiler_active
 from .validation import check_algorithm_name, validate_bucket, validate_group
 
 
@@ -88,6 +90,8 @@ class HookState:
         "iteration",
         # Per-bucket timing; pickles its options only.
         "telemetry",
+        # Every rank's arrival (bucket hand-over), gathered after the step for telemetry.
+        "_arrivals",
         # CPU: buckets reduced at the same time, one worker lane each.
         "concurrent_buckets",
         # More watchers of every bucket's execution (e.g. a TraceRecorder); not pickled.
@@ -151,6 +155,7 @@ class HookState:
             spread_every=spread_every, sinks=sinks,
         )
         self.observers = tuple(observers)
+        self._arrivals = ArrivalGather(self.telemetry)
 
     # -- the group -----------------------------------------------------------------------
 
@@ -181,6 +186,7 @@ class HookState:
 
     def reduce_bucket(self, buffer: torch.Tensor, *, is_last: bool) -> torch.futures.Future:
         """Average ``buffer`` over the group in place; the Future holds ``buffer``."""
+        arrival = self._arrivals.mark(self.iteration + 1, buffer)  # first: the hand-over itself
         validate_bucket(buffer)
         bucket, self._bucket_index = self._bucket_index, 0 if is_last else self._bucket_index + 1
         checking_layout = self._reductions_here < self.check_layout_steps
@@ -205,16 +211,22 @@ class HookState:
             ),
             *self.observers,
         )
+        ranges = PhaseRanges(bucket) if profiler_active() else None
+        if ranges is not None:
+            observer = combine_observers(observer, ranges)
         if buffer.is_cuda:
             self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration)
             future = torch.futures.Future(devices=[buffer.device])
             future.set_result(buffer)
-            return future
+            return self._arrivals.track(arrival, future, step=step, is_last=is_last, group=self.group)
         lane = bucket % lanes
         job = lambda: self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration, tag=lane)  # noqa: E731
+        if ranges is not None:
+            job = in_bucket_range(job, ranges)
         # DDP reads a failed Python Future as a value ("Unable to cast ... to Tensor"); a
         # callback that re-raises turns it into a real error that keeps our message.
-        return worker_for(self.group, lane).submit(job).then(_value_or_raise)
+        future = worker_for(self.group, lane).submit(job).then(_value_or_raise)
+        return self._arrivals.track(arrival, future, step=step, is_last=is_last, group=self.group)
 
     def _average(
         self, schedule: Schedule, buffer: torch.Tensor, observer: ExecutionObserver, tag: int
@@ -249,14 +261,15 @@ class HookState:
         self.telemetry.close()
 
     def summary(self) -> str:
-        """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw)."""
+        """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw),
+        and a line naming the rank that kept the others waiting (with ``spread_every``)."""
         return self.telemetry.summary()
 
     # -- pickling ------------------------------------------------------------------------
 
     def __getstate__(self) -> dict:
         # Process groups and threads cannot be pickled; they are rebuilt on load.
-        skipped = {"process_group", "_failure", "observers", "_reductions_here", "_bucket_index"}
+        skipped = {"process_group", "_failure", "observers", "_reductions_here", "_bucket_index", "_arrivals"}
         return {name: getattr(self, name) for name in self.__slots__ if name not in skipped}
 
     def __setstate__(self, state: dict) -> None:
@@ -267,6 +280,7 @@ class HookState:
         self._failure = None
         self.observers = ()
         self._reductions_here = self._bucket_index = 0
+        self._arrivals = ArrivalGather(self.telemetry)
 
 
 def _value_or_raise(future: torch.futures.Future) -> torch.Tensor:

@@ -31,6 +31,8 @@ from ..runtime import ExecutionObserver, combine_observers, run_schedule, worker
 from ..runtime.errors import CommunicationError, HookFailedError
 from ..schedules import Schedule, checked_schedule
 from ..telemetry import Sink, Telemetry
+from ..telemetry.timeline import Timeline
+from .advice import advise_state, close_timeline
 from .auto import AUTO, AutoSelector
 from .layout_check import BucketLayout, check_bucket_layout
 from .validation import check_algorithm_name, validate_bucket, validate_group
@@ -91,6 +93,8 @@ class HookState:
         "_reductions_here",
         "_bucket_index",
         "_failure",
+        # Step, micro-batch and bucket marks for the advisor (attached by register()).
+        "timeline",
     )
 
     def __init__(
@@ -137,6 +141,7 @@ class HookState:
             spread_every=spread_every, sinks=sinks,
         )
         self.observers = tuple(observers)
+        self.timeline = Timeline(log_dir=log_dir)
 
     # -- the group -----------------------------------------------------------------------
 
@@ -190,6 +195,7 @@ class HookState:
                 buffer, step=step, index=bucket, is_last=is_last, algorithm=schedule.algorithm, group=self.group
             ),
             *self.observers,
+            self.timeline.observe_bucket(buffer, index=bucket, is_last=is_last),
         )
         if buffer.is_cuda:
             self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration)
@@ -232,11 +238,17 @@ class HookState:
         then write the queued telemetry and close its sinks. Safe to call twice."""
         for worker in workers_of(self.group):
             worker.close()
+        close_timeline(self)
         self.telemetry.close()
 
     def summary(self) -> str:
         """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw)."""
         return self.telemetry.summary()
+
+    def advise(self, **options) -> dict:
+        """What to change (bucket size, accumulation, algorithm, world size), predicted from this
+        run's timeline; see :func:`ddp_ring_hooks.advisor.advise` (``network=`` costs another cluster)."""
+        return advise_state(self, **options)
 
     # -- pickling ------------------------------------------------------------------------
 
@@ -247,6 +259,7 @@ class HookState:
 
     def __setstate__(self, state: dict) -> None:
         self.concurrent_buckets = 2  # states pickled before the option existed
+        self.timeline = Timeline()  # ... or the timeline
         for name, value in state.items():
             setattr(self, name, value)
         self.process_group = None

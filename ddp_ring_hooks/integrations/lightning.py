@@ -202,7 +202,14 @@ class CommTimingLogger(pl.Callback):
     ``trainer.logger.experiment`` (Lightning's own ``SummaryWriter``, on global rank 0), so
     ``comm/*`` sits next to ``train/loss``, with the optimizer step as x axis. The sink is
     fed off the training thread. Needs :class:`RingDDPStrategy` and a ``TensorBoardLogger``.
+
+    At the end of ``fit`` it prints the advisor's advice on global rank 0 (what to change:
+    bucket size, accumulation, algorithm; see :mod:`ddp_ring_hooks.advisor`), unless
+    ``print_advice=False``.
     """
+
+    def __init__(self, *, print_advice: bool = True) -> None:
+        self.print_advice = print_advice
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         strategy = _ring_strategy(trainer)
@@ -221,6 +228,21 @@ class CommTimingLogger(pl.Callback):
         state = _ring_strategy(trainer).hook_state
         if state is not None:
             state.telemetry.flush()
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        state = _ring_strategy(trainer).hook_state
+        if self.print_advice and state is not None and trainer.global_rank == 0:
+            print(advice_text(state))
+
+
+def advice_text(state: HookState) -> str:
+    """The advisor's table for a hook state, or why there is none (too few steps)."""
+    from ..advisor import format_advice
+
+    try:
+        return "communication advice (ddp_ring_hooks advisor):\n" + format_advice(state.advise())
+    except ValueError as error:
+        return f"communication advice: none ({error})"
 
 
 @dataclass(frozen=True)

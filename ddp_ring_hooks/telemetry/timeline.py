@@ -22,7 +22,8 @@ step with another bucket size, accumulation or algorithm, the advisor
   takes cores from it);
 - **the other threads' CPU time** during the synchronizing micro-batch (``process_time`` minus
   the training thread's ``thread_time``): every byte the communication copies or adds there;
-- **optimizer time**: PyTorch's global optimizer step pre/post hooks;
+- **optimizer time**: PyTorch's global optimizer step pre/post hooks (the part after the last
+  bucket: Lightning runs the micro-batch inside ``optimizer.step(closure)``);
 - **the run**: world size, algorithm, lanes, DDP's bucket cap and first-bucket cap, every
   parameter's gradient bytes in registration order, cores and threads.
 
@@ -200,10 +201,15 @@ class Timeline:
 
         first.register_hook(started)
 
-    def optimizer_ms(self, milliseconds: float) -> None:
-        """Add optimizer time to the step that just synchronized (the optimizer clock calls it)."""
-        if self._step is not None and self._synced:
-            self._step.optimizer_ms += milliseconds
+    def optimizer_span(self, start: float, end: float) -> None:
+        """An ``optimizer.step()`` ran from ``start`` to ``end`` (ms; the optimizer clock calls
+        this). Lightning calls ``step(closure)`` and the closure runs the synchronizing
+        micro-batch inside it, so only the part after that micro-batch's last bucket counts."""
+        step = self._step
+        if step is None or not self._synced:
+            return
+        begin = max([start, *(b.end for b in step.buckets if b.end == b.end)])
+        step.optimizer_ms += max(0.0, end - begin)
 
     # -- finished steps --------------------------------------------------------------------
 
@@ -341,9 +347,9 @@ class _OptimizerClock:
         self._started = _now_ms()
 
     def _post(self, optimizer, args, kwargs) -> None:
-        elapsed = _now_ms() - self._started
+        end = _now_ms()
         for timeline in list(self._timelines):
-            timeline.optimizer_ms(elapsed)
+            timeline.optimizer_span(self._started, end)
 
 
 _OPTIMIZER_CLOCK = _OptimizerClock()

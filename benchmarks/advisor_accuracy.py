@@ -3,16 +3,16 @@
 From one run at accumulation k=1 with DDP's default bucket size (the ring hook, 2 gloo
 ranks), the advisor predicts the optimizer-step time of other settings; then each setting is
 trained and measured the same way (median wall-clock time between step starts, first step
-left out)::
+left out). Every round trains the base, the variants and the base again, in reverse order every
+other round; the base runs are merged into one timeline for the prediction, and how far they
+range is the machine's drift, a floor under any error on a shared machine::
 
     python benchmarks/advisor_accuracy.py                         # MLP and char-LM, 2 ranks
-    python benchmarks/advisor_accuracy.py --models mlp --steps 6  # quicker
+    python benchmarks/advisor_accuracy.py --models mlp --rounds 1  # quicker
 
 Settings: k in {2, 4, 8}; bucket_cap_mb in {1, 4, 25}; algorithms halving_doubling and
-native (the group's own all_reduce; skipped when this tree's hook does not offer it). The
-base setting is measured again at the end: how far it moved is the machine's drift, a floor
-under any error on a shared machine. Targets (issue 13): median absolute error <= 10%,
-worst <= 25%.
+native (the group's own all_reduce; skipped when this tree's hook does not offer it).
+Targets (issue 13): median absolute error <= 10%, worst <= 25%.
 
 World sizes cannot be checked here (more ranks would share the same 2 cores); the advisor's
 world-size rows price each bucket with ``cost_model`` through the run's α, β, which this
@@ -47,7 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="mlp,char_lm", help="comma list of mlp, char_lm (default: %(default)s)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks to spawn (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=10, help="optimizer steps per setting (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per setting and round (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds, every other one in reverse order; medians over all (default: %(default)s)")
     parser.add_argument("--accumulate", default="2,4,8", help="k values to predict (default: %(default)s)")
     parser.add_argument("--bucket-caps", default="1,4,25", help="bucket_cap_mb values to predict (default: %(default)s)")
     parser.add_argument("--algorithms", default="halving_doubling,native", help="algorithms to predict (default: %(default)s)")
@@ -113,15 +115,37 @@ def train_setting(model_name: str, *, accumulate: int, bucket_cap_mb, algorithm:
 
 
 def measure_all(model_name: str, settings: list[tuple[str, object, dict]], steps: int):
-    """On every rank: the base setting, every variant, the base again; rank 0's records."""
+    """On every rank: train each setting in turn; rank 0's records."""
     return [(knob, value, train_setting(model_name, steps=steps, **kwargs)) for knob, value, kwargs in settings]
 
 
 # -- predicted vs measured -----------------------------------------------------------------------
 
 
+def merge_runs(runs: list[list[dict]]) -> list[dict]:
+    """One timeline from several runs of one setting: the first run whole, the later runs
+    without their run line and first step (DDP's provisional single bucket)."""
+    merged = list(runs[0])
+    for records in runs[1:]:
+        merged += records[2:]
+    return merged
+
+
 def measured_step_ms(records: list[dict]) -> float:
+    """Median optimizer step (wall clock between step starts), leaving out step 1."""
     return statistics.median(r["step_ms"] for r in records[2:] if r.get("type") == "step")
+
+
+def run_rounds(model_name: str, base: dict, variants: list[tuple[str, object, dict]], args) -> tuple[list, list]:
+    """Every round: the base, the variants (reversed every other round: the machine's load
+    drifts), the base again. Returns the base runs and ``(knob, value, runs)`` per variant."""
+    bases, by_variant = [], {(knob, value): [] for knob, value, _ in variants}
+    for round_index in range(args.rounds):
+        order = variants if round_index % 2 == 0 else variants[::-1]
+        settings = [("base", None, base), *order, ("base", None, base)]
+        for knob, value, records in run_on_ranks(measure_all, model_name, settings, args.steps, nproc=args.nproc):
+            (bases if knob == "base" else by_variant[(knob, value)]).append(records)
+    return bases, [(knob, value, by_variant[(knob, value)]) for knob, value, _ in variants]
 
 
 def main(argv=None) -> int:
@@ -132,33 +156,27 @@ def main(argv=None) -> int:
     skipped = [a for a in algorithms if not available(a)]
     algorithms = [a for a in algorithms if a not in skipped]
     base = {"accumulate": 1, "bucket_cap_mb": None, "algorithm": "ring"}
-    settings = [("base", "k=1, default cap, ring", base)]
-    settings += [("accumulate", k, {**base, "accumulate": k}) for k in ks]
-    settings += [("bucket_cap_mb", c, {**base, "bucket_cap_mb": c}) for c in caps]
-    settings += [("algorithm", a, {**base, "algorithm": a}) for a in algorithms]
-    settings += [("base again", "drift of the machine", base)]
+    variants = [("accumulate", k, {**base, "accumulate": k}) for k in ks]
+    variants += [("bucket_cap_mb", c, {**base, "bucket_cap_mb": c}) for c in caps]
+    variants += [("algorithm", a, {**base, "algorithm": a}) for a in algorithms]
 
-    print(f"# {args.nproc} gloo ranks, {args.steps} steps per setting; measured while other work shared the cores "
-          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start)")
+    print(f"# {args.nproc} gloo ranks, {args.rounds} round(s) of {args.steps} steps per setting; measured while other "
+          f"work shared the cores (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start)")
     if skipped:
         print(f"# skipped (not in this tree's hook): {', '.join(skipped)}")
     errors_all = []
     for model_name in args.models.split(","):
         started = time.perf_counter()
-        results = run_on_ranks(measure_all, model_name, settings, args.steps, nproc=args.nproc)
-        base_records = results[0][2]
-        model = step_model(base_records)
+        bases, measured = run_rounds(model_name, base, variants, args)
+        model = step_model(merge_runs(bases))
         p = model.profile
-        print(f"\n## {model_name}: base step {p.step_ms:.1f} ms ({len(p.buckets)} buckets, exposed "
-              f"{p.exposed_ms:.1f} ms, contention ~{p.contention_ms:.1f} ms); {time.perf_counter() - started:.0f} s")
-        print(f"{'knob':<14} {'value':<22} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")
+        base_runs = [measured_step_ms(records) for records in bases]
+        print(f"\n## {model_name}: base step {p.step_ms:.1f} ms (median of {len(bases)} base runs, which ranged "
+              f"{min(base_runs):.1f}-{max(base_runs):.1f} ms: the machine's drift); {len(p.buckets)} buckets, "
+              f"exposed {p.exposed_ms:.1f} ms, contention ~{p.contention_ms:.1f} ms; {time.perf_counter() - started:.0f} s")
+        print(f"{'knob':<14} {'value':<18} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")
         errors = []
-        for knob, value, records in results[1:]:
-            measured = measured_step_ms(records)
-            if knob == "base again":
-                drift = measured / p.step_ms - 1
-                print(f"{knob:<14} {str(value):<22} {p.step_ms:>13.1f} {measured:>12.1f} {drift:>+8.1%}  (not counted)")
-                continue
+        for knob, value, runs in measured:
             setting = Setting(
                 bucket_cap_mb=value if knob == "bucket_cap_mb" else None,
                 accumulate=value if knob == "accumulate" else 1,
@@ -166,9 +184,10 @@ def main(argv=None) -> int:
                 world_size=p.world_size, local_size=p.local_world_size,
             )
             predicted = model.predict(setting).step_ms
-            error = predicted / measured - 1
+            observed = measured_step_ms(merge_runs(runs))
+            error = predicted / observed - 1
             errors.append(abs(error))
-            print(f"{knob:<14} {str(value):<22} {predicted:>13.1f} {measured:>12.1f} {error:>+8.1%}")
+            print(f"{knob:<14} {str(value):<18} {predicted:>13.1f} {observed:>12.1f} {error:>+8.1%}")
         errors_all += errors
         print(f"{model_name}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
               f"(targets {MEDIAN_TARGET:.0%}, {WORST_TARGET:.0%})")

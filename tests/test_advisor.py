@@ -275,3 +275,13 @@ def test_two_ranks_then_advise_json_reads_the_log_dir(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "ddp_ring_hooks", "advise", str(tmp_path)], capture_output=True,
                          text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "no timeline.jsonl" in bad.stderr
+
+
+def test_contention_grows_with_what_the_busiest_rank_sends():
+    """Ring and tree at 2 ranks each send the buffer once per rank (tree's formula counts it
+    twice on the critical path); naive's master sends it to every peer."""
+    from ddp_ring_hooks.advisor.network import bytes_factor
+
+    assert bytes_factor("ring", 2) == bytes_factor("tree", 2) == bytes_factor("native", 2) == 1.0
+    assert bytes_factor("ring", 8) == pytest.approx(1.75) and bytes_factor("naive", 8) == 7.0
+    assert bytes_factor("ring", 1) == 0.0

@@ -16,13 +16,14 @@ per algorithm, ``"*"`` for the rest):
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..cost_model import Calibration, coefficients, fit
-from ..schedules import ALGORITHMS
+from ..cost_model import Calibration, bytes_sent_per_rank, coefficients, fit
+from ..schedules import ALGORITHMS, build_schedule
 
 NATIVE = "native"
 ANY = "*"
@@ -34,9 +35,25 @@ def formula_of(algorithm: str) -> str:
 
 
 def bytes_factor(algorithm: str, world_size: int, **options) -> float:
-    """Bytes each rank sends (and adds) per byte of bucket on the critical path: what the
-    communication threads' CPU time grows with (ring: ``2(p-1)/p``)."""
-    return coefficients(formula_of(algorithm), world_size, **options)[1] if world_size > 1 else 0.0
+    """Bytes the busiest rank sends per byte of bucket (it receives and adds as many): what
+    the communication threads' CPU time grows with.
+
+    Ring, halving-doubling and hierarchical send what their formula's β term says
+    (``2(p-1)/p`` for the ring). Tree and naive do not: their β term counts a whole-buffer
+    message per level or peer on the critical path, while the busiest rank (the root, the
+    master) sends what the schedule itself says (tree at p=2: 1, not 2).
+    """
+    if world_size < 2:
+        return 0.0
+    formula = formula_of(algorithm)
+    if formula in ("tree", "naive"):
+        return _schedule_bytes_factor(formula, world_size)
+    return coefficients(formula, world_size, **options)[1]
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule_bytes_factor(algorithm: str, world_size: int) -> float:
+    return max(bytes_sent_per_rank(build_schedule(algorithm, world_size), 1.0))
 
 
 @dataclass(frozen=True)

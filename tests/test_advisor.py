@@ -285,3 +285,17 @@ def test_contention_grows_with_what_the_busiest_rank_sends():
     assert bytes_factor("ring", 2) == bytes_factor("tree", 2) == bytes_factor("native", 2) == 1.0
     assert bytes_factor("ring", 8) == pytest.approx(1.75) and bytes_factor("naive", 8) == 7.0
     assert bytes_factor("ring", 1) == 0.0
+
+
+def test_advisor_imports_no_torch():
+    """The advisor is pure: it runs offline on a log_dir, without torch or process groups."""
+    code = (
+        "import importlib.util, sys, types\n"
+        "spec = importlib.util.find_spec('ddp_ring_hooks')\n"
+        "pkg = types.ModuleType('ddp_ring_hooks'); pkg.__path__ = spec.submodule_search_locations\n"
+        "sys.modules['ddp_ring_hooks'] = pkg\n"
+        "import ddp_ring_hooks.advisor\n"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "False"

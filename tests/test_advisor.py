@@ -299,3 +299,43 @@ def test_advisor_imports_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "False"
+
+
+def _lightning_fit_prints_advice(rank: int, world_size: int, directory: str):
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    import contextlib
+    import io
+
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    import ddp_ring_hooks.integrations.lightning as ring_lightning
+    from ddp_ring_hooks.advisor import profile_run
+    from train_examples.char_lm import CharLanguageModel, make_dataloader, quiet_lightning
+
+    quiet_lightning()
+    pl.seed_everything(0, verbose=False)
+    strategy = ring_lightning.RingDDPStrategy(bucket_cap_mb=0.02)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=world_size, strategy=strategy, max_steps=5, accumulate_grad_batches=2,
+        logger=TensorBoardLogger(directory, name="", version="run"), callbacks=[ring_lightning.CommTimingLogger()],
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        trainer.fit(CharLanguageModel(seq_len=16, width=32, num_layers=2, num_heads=2),
+                    make_dataloader(seq_len=16, micro_batch=2))
+    return printed.getvalue(), profile_run(strategy.hook_state.timeline.records())
+
+
+def test_lightning_prints_the_advice_at_the_end_of_fit_on_rank_0(tmp_path):
+    """Lightning accumulates with no_sync and runs the synchronizing micro-batch inside
+    optimizer.step(closure): the timeline still finds k=2 and leaves forward and backward out
+    of the optimizer time (else the rest of the step would come out negative)."""
+    pytest.importorskip("lightning")
+    (text0, profile), (text1, _) = run_ranks(_lightning_fit_prints_advice, 2, str(tmp_path), timeout=240)
+    assert "communication advice" in text0 and "recommendation:" in text0
+    assert "communication advice" not in text1
+    assert profile.accumulate == 2 and len(profile.buckets) > 1
+    assert profile.rest_ms >= 0 and profile.optimizer_ms < profile.forward_ms + profile.backward_ms

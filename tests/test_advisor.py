@@ -211,7 +211,10 @@ def test_advice_has_the_stable_shape_and_names_the_change():
     assert {r["value"] for r in advice["what_if"] if r["knob"] == "algorithm"} >= {"ring", "tree", "native"}
     assert all(set(r) == {"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup"} for r in advice["what_if"])
     rec = advice["recommendation"]
-    assert rec["knob"] == "accumulate" and rec["value"] == 16 and "effective batch grows 16x" in rec["why"]
+    # Accumulation gains 1.08x, 1.12x, 1.15x, 1.16x at k=2..16: the knee (80% of the largest gain) is k=8.
+    gains = {r["value"]: r["speedup"] for r in advice["what_if"] if r["knob"] == "accumulate"}
+    assert gains[8] - 1 >= 0.8 * (gains[16] - 1) > gains[4] - 1
+    assert rec["knob"] == "accumulate" and rec["value"] == 8 and "effective batch grows 8x" in rec["why"]
 
 
 def test_too_few_steps_is_a_clear_error():

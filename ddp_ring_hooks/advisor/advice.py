@@ -67,26 +67,46 @@ def what_if(model: StepModel) -> list[dict]:
     return rows
 
 
+#: Accumulation is recommended at its knee: the smallest k with this share of the largest gain.
+KNEE = 0.8
+
+
 def recommend(model: StepModel, rows: Sequence[dict]) -> dict:
     """The best single change among bucket size, accumulation and algorithm, with why.
 
-    World size is not a recommendation (it buys hardware, not efficiency); its rows are there
-    to read. Gains under :data:`MIN_GAIN` are within the model's error: then say so.
+    - Accumulation's gain grows with k and flattens; the advice names the knee, the smallest
+      k that gets :data:`KNEE` of the largest gain in the table, since every k grows the
+      effective batch (which changes the optimization).
+    - A change that leaves the optimization alone (bucket size, algorithm) is preferred when it
+      gets at least half of the accumulation's gain.
+    - World size is not a recommendation (it buys hardware, not efficiency); its rows are there
+      to read. Gains under :data:`MIN_GAIN` are within the model's error: then say so.
     """
     p = model.profile
     exposed_share = p.exposed_ms / p.step_ms
     contention_share = p.contention_ms / p.step_ms
     candidates = [r for r in rows if r["knob"] != "world_size" and not _is_run(model, r)]
-    best = max(candidates, key=lambda r: r["speedup"], default=None)
+    free = max((r for r in candidates if r["knob"] != "accumulate"), key=lambda r: r["speedup"], default=None)
+    more = [r for r in candidates if r["knob"] == "accumulate" and r["value"] > p.accumulate]
+    top = max(more, key=lambda r: r["speedup"], default=None)
+    knee = None
+    if top is not None and top["speedup"] > 1:
+        knee = min((r for r in more if r["speedup"] - 1 >= KNEE * (top["speedup"] - 1)), key=lambda r: r["value"])
+    if free is not None and (knee is None or free["speedup"] - 1 >= 0.5 * (knee["speedup"] - 1)):
+        best = free
+    else:
+        best = knee
     if best is None or best["speedup"] < MIN_GAIN:
         return {"knob": None, "value": None, "speedup": 1.0, "why": (
             f"nothing is predicted to gain {MIN_GAIN - 1:.0%} or more: exposed communication is "
             f"{exposed_share:.0%} of the step and contention from hidden communication {contention_share:.0%}")}
     knob, value = best["knob"], best["value"]
     if knob == "accumulate":
+        k = value / p.accumulate
         why = (f"exposed communication is {exposed_share:.0%} of the step and hidden communication costs "
-               f"another {contention_share:.0%} in CPU contention; {value} accumulation steps pay both once "
-               f"per {value} micro-batches (the effective batch grows {value / p.accumulate:g}x)")
+               f"another {contention_share:.0%} in CPU contention; {value} accumulation steps pay both once per "
+               f"{value} micro-batches, {1 - 1 / k:.0%} less per sample (k={top['value']} would give "
+               f"{top['speedup']:.2f}x; the effective batch grows {k:g}x)")
     elif knob == "bucket_cap_mb":
         why = (f"exposed communication is {exposed_share:.0%} of the step ({p.exposed_ms:.1f} ms); "
                f"{value} MB buckets are predicted to leave {best['exposed_ms']:.1f} ms exposed "

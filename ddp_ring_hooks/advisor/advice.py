@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from ..schedules import ALGORITHMS
 from .network import NATIVE, Network, from_run
-from .profile import RunProfile, profile_run
+from .profile import profile_run
 from .step_model import Setting, StepModel, run_setting
 
 BUCKET_CAPS_MB = (1, 5, 10, 25, 50, 100)

@@ -51,7 +51,6 @@ from torch.utils._pytree import tree_leaves
 from ..runtime.observer import NULL_OBSERVER, ExecutionObserver
 
 TIMELINE_FILE = "timeline.jsonl"
-_NEVER = float("nan")
 
 
 def _now_ms() -> float:
@@ -66,18 +65,19 @@ class _BucketMarks(ExecutionObserver):
     def __init__(self, index: int, nbytes: int) -> None:
         self.index, self.nbytes = index, nbytes
         self.handed = _now_ms()
-        self.start = self.end = _NEVER
+        self.start: float | None = None
+        self.end: float | None = None
         self.cpu_start = 0.0
         self.cpu_ms = 0.0
 
     def on_phase(self, phase: str) -> None:
-        if self.start != self.start:  # NaN: the first phase starts the communication
+        if self.start is None:  # the first phase starts the communication
             self.start = _now_ms()
             self.cpu_start = time.thread_time()
 
     def on_finish(self) -> None:
         self.end = _now_ms()
-        if self.start != self.start:  # nothing moved (one rank): zero-length communication
+        if self.start is None:  # nothing moved (one rank): zero-length communication
             self.start = self.end
         else:
             self.cpu_ms = (time.thread_time() - self.cpu_start) * 1e3
@@ -90,10 +90,10 @@ class _Step:
         self.start = start
         self.micro_starts: list[float] = []
         self.nosync_other_cpu_ms: list[float] = []
-        self.sync_start = _NEVER
-        self.backward_start = _NEVER
+        self.sync_start: float | None = None
+        self.backward_start: float | None = None
         self.buckets: list[_BucketMarks] = []
-        self.last_handed = _NEVER
+        self.last_handed: float | None = None
         self.sync_other_cpu_ms = 0.0
         self.optimizer_ms = 0.0
         self._cpu_mark = (0.0, 0.0)
@@ -178,7 +178,7 @@ class Timeline:
         if self._step is None:
             self._step, self._synced = _Step(now), False
         step = self._step
-        if step.micro_starts and step.sync_start != step.sync_start:  # the previous micro-batch had no sync
+        if step.micro_starts and step.sync_start is None:  # the previous micro-batch had no sync
             step.nosync_other_cpu_ms.append(step.other_cpu_ms())
         step.micro_starts.append(now)
         self._micro_sync = bool(getattr(module, "require_backward_grad_sync", True))
@@ -196,7 +196,7 @@ class Timeline:
             return
 
         def started(grad):  # the first gradient to reach the forward's output
-            if step.backward_start != step.backward_start:
+            if step.backward_start is None:
                 step.backward_start = _now_ms()
 
         first.register_hook(started)
@@ -208,15 +208,15 @@ class Timeline:
         step = self._step
         if step is None or not self._synced:
             return
-        begin = max([start, *(b.end for b in step.buckets if b.end == b.end)])
+        begin = max([start, *(b.end for b in step.buckets if b.end is not None)])
         step.optimizer_ms += max(0.0, end - begin)
 
     # -- finished steps --------------------------------------------------------------------
 
     def _finish(self, step: _Step, *, end: float) -> None:
-        if not step.buckets or any(b.end != b.end for b in step.buckets):
+        if not step.buckets or any(b.end is None for b in step.buckets):
             return  # a step whose buckets never all finished (an error): nothing to learn
-        backward_start = step.backward_start if step.backward_start == step.backward_start else step.sync_start
+        backward_start = step.backward_start if step.backward_start is not None else step.sync_start
         micro = [b - a for a, b in zip(step.micro_starts, step.micro_starts[1:])]
         record = {
             "type": "step",

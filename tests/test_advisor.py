@@ -340,5 +340,9 @@ def test_lightning_prints_the_advice_at_the_end_of_fit_on_rank_0(tmp_path):
     (text0, profile), (text1, _) = run_ranks(_lightning_fit_prints_advice, 2, str(tmp_path), timeout=240)
     assert "communication advice" in text0 and "recommendation:" in text0
     assert "communication advice" not in text1
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    panels = EventAccumulator(str(tmp_path / "run"), size_guidance={"tensors": 0}).Reload().Tags()["tensors"]
+    assert "comm/advice/text_summary" in panels
     assert profile.accumulate == 2 and len(profile.buckets) > 1
     assert profile.rest_ms >= 0 and profile.optimizer_ms < profile.forward_ms + profile.backward_ms

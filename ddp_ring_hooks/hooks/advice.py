@@ -39,7 +39,12 @@ def _write_text(log_dir: str, text: str) -> None:
 
     writer = SummaryWriter(log_dir=log_dir, filename_suffix=".advice")
     try:
-        # TensorBoard renders text panels as Markdown: indent to keep the table's columns.
-        writer.add_text(ADVICE_TAG, "\n".join("    " + line for line in text.splitlines()), global_step=0)
+        writer.add_text(ADVICE_TAG, advice_panel(text), global_step=0)
     finally:
         writer.close()
+
+
+def advice_panel(text: str) -> str:
+    """``text`` as a TensorBoard text panel: TensorBoard renders Markdown, and indenting every
+    line makes it a code block, which keeps the table's columns."""
+    return "\n".join("    " + line for line in text.splitlines())

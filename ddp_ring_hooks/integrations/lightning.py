@@ -54,6 +54,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from ..hooks import HookState, register, ring_hook
+from ..hooks.advice import ADVICE_TAG, advice_panel
 from ..hooks.register import reported_comm_hook
 from ..hooks.validation import check_algorithm_name
 from ..telemetry import Sink, TensorBoardSink
@@ -203,8 +204,9 @@ class CommTimingLogger(pl.Callback):
     ``comm/*`` sits next to ``train/loss``, with the optimizer step as x axis. The sink is
     fed off the training thread. Needs :class:`RingDDPStrategy` and a ``TensorBoardLogger``.
 
-    At the end of ``fit`` it prints the advisor's advice on global rank 0 (what to change:
-    bucket size, accumulation, algorithm; see :mod:`ddp_ring_hooks.advisor`), unless
+    At the end of training it writes the advisor's advice (what to change: bucket size,
+    accumulation, algorithm; see :mod:`ddp_ring_hooks.advisor`) as the text panel
+    ``comm/advice``, and at the end of ``fit`` prints it on global rank 0, unless
     ``print_advice=False``.
     """
 
@@ -228,6 +230,9 @@ class CommTimingLogger(pl.Callback):
         state = _ring_strategy(trainer).hook_state
         if state is not None:
             state.telemetry.flush()
+        logger = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+        if state is not None and logger is not None and trainer.global_rank == 0:  # the comm/advice panel
+            logger.experiment.add_text(ADVICE_TAG, advice_panel(advice_text(state)), global_step=trainer.global_step)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         state = _ring_strategy(trainer).hook_state

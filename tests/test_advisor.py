@@ -346,3 +346,28 @@ def test_lightning_prints_the_advice_at_the_end_of_fit_on_rank_0(tmp_path):
     assert "comm/advice/text_summary" in panels
     assert profile.accumulate == 2 and len(profile.buckets) > 1
     assert profile.rest_ms >= 0 and profile.optimizer_ms < profile.forward_ms + profile.backward_ms
+
+
+def test_advise_cli_reads_a_network_profile_and_rejects_bad_input(tmp_path, capsys):
+    """--network takes `bench --json` records; a faster network shrinks the predicted exposed
+    time; wrong files and half-given networks are clear errors naming the fix."""
+    from ddp_ring_hooks.cli.__main__ import main
+
+    (tmp_path / "timeline.jsonl").write_text("\n".join(json.dumps(r) for r in timeline(ready=[20.0, 20.0])))
+    bench = [{"algorithm": a, "world_size": 2, "nbytes": n, "time_us": 2 * 5 + n * 1e-4, "count": n // 4,
+              "dtype": "float32", "algbw_GBps": 0, "busbw_GBps": 0, "wrong": 0}
+             for a in ("ring", "native") for n in (1 << 16, 1 << 20, 1 << 24)]
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    assert main(["advise", str(tmp_path), "--json"]) == 0
+    here = json.loads(capsys.readouterr().out)
+    assert main(["advise", str(tmp_path), "--network", str(tmp_path / "bench.json"), "--json"]) == 0
+    there = json.loads(capsys.readouterr().out)
+    assert there["model"]["network"]["source"].startswith("bench records at 2 ranks")
+    cap = {r["value"]: r for r in there["what_if"] if r["knob"] == "accumulate"}
+    assert cap[1]["exposed_ms"] < here["run"]["exposed_ms"]  # 10 GB/s instead of 1 GB/s
+
+    (tmp_path / "bad.json").write_text('{"not": "records"}')
+    assert main(["advise", str(tmp_path), "--network", str(tmp_path / "bad.json")]) == 2
+    assert "is not `ddp-ring-hooks bench --json` output" in capsys.readouterr().err
+    assert main(["advise", str(tmp_path), "--latency", "5us"]) == 2
+    assert "--latency and --bandwidth go together" in capsys.readouterr().err

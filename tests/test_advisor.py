@@ -217,9 +217,12 @@ def test_advice_has_the_stable_shape_and_names_the_change():
     assert rec["knob"] == "accumulate" and rec["value"] == 8 and "effective batch grows 8x" in rec["why"]
 
 
-def test_too_few_steps_is_a_clear_error():
+def test_too_few_steps_and_gpu_timelines_are_clear_errors():
     with pytest.raises(ValueError, match="at least 2"):
         advise(timeline(ready=[20.0, 20.0], steps=1))
+    records = timeline(ready=[20.0, 20.0])
+    with pytest.raises(ValueError, match="recorded on cuda.*CPU \\(gloo\\) runs"):
+        advise([{**records[0], "device": "cuda"}, *records[1:]])
 
 
 # -- end to end: 2 ranks, a log_dir, advise --json ------------------------------------------------

@@ -18,8 +18,10 @@ How a step splits (``k`` micro-batches, the last one synchronizes)::
 - ``contention``: when the run had ``k > 1``, the synchronizing micro-batch's extra time over
   a ``no_sync`` one, measured. With ``k = 1`` it is estimated from the CPU time the other
   threads used during that micro-batch, times the share of it that had no core of its own:
-  ``oversubscribed = clamp(1 - spare cores per rank / lanes, 0, 1)`` (0 on GPUs, whose compute
-  does not run on the host).
+  ``oversubscribed = clamp(1 - spare cores per rank / lanes, 0, 1)``.
+
+CPU (gloo) runs only: on CUDA the hook and backward only enqueue work, so the host clocks of
+the timeline would time launches, not compute or communication (a clear error says so).
 """
 
 from __future__ import annotations
@@ -87,8 +89,6 @@ class RunProfile:
 
 def oversubscribed(run: dict) -> float:
     """Share of the communication threads' CPU time that takes a core from backward."""
-    if run.get("device", "cpu") != "cpu":
-        return 0.0
     cores_per_rank = run["cpu_count"] / max(1, run["local_world_size"])
     spare = cores_per_rank - run["torch_threads"]
     return min(1.0, max(0.0, 1.0 - spare / max(1, run["concurrent_buckets"])))
@@ -99,6 +99,11 @@ def profile_run(records: Sequence[dict]) -> RunProfile:
     if not records or records[0].get("type") != "run":
         raise ValueError("a timeline starts with its 'run' record; is this a timeline.jsonl from ddp_ring_hooks?")
     run, steps = records[0], [r for r in records[1:] if r.get("type") == "step"]
+    if run.get("device", "cpu") != "cpu":
+        raise ValueError(
+            f"this timeline was recorded on {run['device']}: there the hook and backward only enqueue work, "
+            "so host clocks do not time compute or communication; the advisor reads CPU (gloo) runs for now"
+        )
     steps = _measured(steps)
     k = Counter(s["micro_batches"] for s in steps).most_common(1)[0][0]
     steps = [s for s in steps if s["micro_batches"] == k]

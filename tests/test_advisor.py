@@ -221,6 +221,8 @@ def test_too_few_steps_and_gpu_timelines_are_clear_errors():
     with pytest.raises(ValueError, match="at least 2"):
         advise(timeline(ready=[20.0, 20.0], steps=1))
     records = timeline(ready=[20.0, 20.0])
+    with pytest.raises(ValueError, match="one rank communicates nothing"):
+        advise([{**records[0], "world_size": 1}, *records[1:]])
     with pytest.raises(ValueError, match="recorded on cuda.*CPU \\(gloo\\) runs"):
         advise([{**records[0], "device": "cuda"}, *records[1:]])
 

@@ -83,6 +83,8 @@ class Network:
 
 def from_run(*, algorithm: str, world_size: int, samples: Iterable[tuple[int, float]]) -> Network:
     """Fit α, β to ``(nbytes, ms)`` of this run's buckets, with ``algorithm``'s formula."""
+    if world_size < 2:
+        raise ValueError("a run on one rank communicates nothing; train on 2 or more ranks to get advice")
     samples = [(n, ms * 1e-3) for n, ms in samples if ms > 0]
     if not samples:
         raise ValueError("no bucket of this run took any time (one rank?); give a network: --network or --latency/--bandwidth")

@@ -77,8 +77,8 @@ class _BucketMarks(ExecutionObserver):
 
     def on_finish(self) -> None:
         self.end = _now_ms()
-        if self.start is None:  # nothing moved (one rank): zero-length communication
-            self.start = self.end
+        if self.start is None:  # an executor without phases (native): timed from the hand-over
+            self.start = self.handed
         else:
             self.cpu_ms = (time.thread_time() - self.cpu_start) * 1e3
 

@@ -53,6 +53,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
+from ..advisor import format_advice
 from ..hooks import HookState, register, ring_hook
 from ..hooks.advice import ADVICE_TAG, advice_panel
 from ..hooks.register import reported_comm_hook
@@ -242,8 +243,6 @@ class CommTimingLogger(pl.Callback):
 
 def advice_text(state: HookState) -> str:
     """The advisor's table for a hook state, or why there is none (too few steps)."""
-    from ..advisor import format_advice
-
     try:
         return "communication advice (ddp_ring_hooks advisor):\n" + format_advice(state.advise())
     except ValueError as error:

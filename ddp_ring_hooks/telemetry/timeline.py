@@ -28,7 +28,8 @@ step with another bucket size, accumulation or algorithm, the advisor
   parameter's gradient bytes in registration order, cores and threads.
 
 Each finished step is one JSON line in ``log_dir/timeline.jsonl`` (rank 0; the first line
-describes the run) and stays in memory (the last ``keep`` steps): advice works offline from
+describes the run; the first ``FILE_STEPS`` steps, then one in ``THIN_EVERY``, so a long run
+leaves a small file) and stays in memory (the last ``keep`` steps): advice works offline from
 ``log_dir`` and live from ``state.advise()``. Cost: a few clock reads per micro-batch and
 bucket, and one short line written per step.
 
@@ -51,6 +52,8 @@ from torch.utils._pytree import tree_leaves
 from ..runtime.observer import NULL_OBSERVER, ExecutionObserver
 
 TIMELINE_FILE = "timeline.jsonl"
+#: Steps written to the file: all of the first FILE_STEPS, then one in THIN_EVERY.
+FILE_STEPS, THIN_EVERY = 1000, 100
 
 
 def _now_ms() -> float:
@@ -116,10 +119,10 @@ class Timeline:
 
     Args:
         log_dir: also write ``log_dir/timeline.jsonl`` (rank 0).
-        keep: finished steps kept in memory (the oldest are forgotten).
+        keep: finished steps kept in memory (the oldest are forgotten): a few KB each.
     """
 
-    def __init__(self, *, log_dir: str | os.PathLike | None = None, keep: int = 1000) -> None:
+    def __init__(self, *, log_dir: str | os.PathLike | None = None, keep: int = 256) -> None:
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.keep = keep
         self._reset()
@@ -244,7 +247,8 @@ class Timeline:
             ],
         }
         self.steps.append(record)
-        self._write(record)
+        if record["step"] <= FILE_STEPS or record["step"] % THIN_EVERY == 0:
+            self._write(record)
 
     def _write(self, record: dict) -> None:
         if self._file is not None:

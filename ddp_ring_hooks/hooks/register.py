@@ -57,6 +57,7 @@ def register(
     state = HookState(process_group or ddp_model.process_group, algorithm, **options)
     validate_state(state)
     ddp_model.register_comm_hook(state, ring_hook)
+    state.timeline.attach(ddp_model, algorithm=algorithm, concurrent_buckets=state.concurrent_buckets, group=state.group)
     return state
 
 

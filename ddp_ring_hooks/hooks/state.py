@@ -35,6 +35,8 @@ from ..runtime import ExecutionObserver, combine_observers, run_schedule, worker
 from ..runtime.errors import CommunicationError
 from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options
 from ..telemetry import Sink, Telemetry
+from ..telemetry.timeline import Timeline
+from .advice import advise_state, close_timeline
 from .arrivals import ArrivalGather
 from .auto import AUTO, AutoSelector
 from .errors import HookFailedError
@@ -105,6 +107,8 @@ class HookState:
         "_reductions_here",
         "_bucket_index",
         "_failure",
+        # Step, micro-batch and bucket marks for the advisor (attached by register()).
+        "timeline",
     )
 
     def __init__(
@@ -156,6 +160,7 @@ class HookState:
         )
         self.observers = tuple(observers)
         self._arrivals = ArrivalGather(self.telemetry)
+        self.timeline = Timeline(log_dir=log_dir)
 
     # -- the group -----------------------------------------------------------------------
 
@@ -210,6 +215,7 @@ class HookState:
                 buffer, step=step, index=bucket, is_last=is_last, algorithm=schedule.algorithm, group=self.group
             ),
             *self.observers,
+            self.timeline.observe_bucket(buffer, index=bucket, is_last=is_last),
         )
         ranges = PhaseRanges(bucket) if profiler_active() else None
         if ranges is not None:
@@ -258,12 +264,18 @@ class HookState:
         then write the queued telemetry and close its sinks. Safe to call twice."""
         for worker in workers_of(self.group):
             worker.close()
+        close_timeline(self)
         self.telemetry.close()
 
     def summary(self) -> str:
         """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw),
         and a line naming the rank that kept the others waiting (with ``spread_every``)."""
         return self.telemetry.summary()
+
+    def advise(self, **options) -> dict:
+        """What to change (bucket size, accumulation, algorithm, world size), predicted from this
+        run's timeline; see :func:`ddp_ring_hooks.advisor.advise` (``network=`` costs another cluster)."""
+        return advise_state(self, **options)
 
     # -- pickling ------------------------------------------------------------------------
 
@@ -274,6 +286,7 @@ class HookState:
 
     def __setstate__(self, state: dict) -> None:
         self.concurrent_buckets = 2  # states pickled before the option existed
+        self.timeline = Timeline()  # ... or the timeline
         for name, value in state.items():
             setattr(self, name, value)
         self.process_group = None

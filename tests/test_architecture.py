@@ -3,6 +3,7 @@
     schedules  ->  runtime  ->  hooks  ->  integrations, cli, train_examples
     (pure)       (torch.distributed)
     cost_model (pure), telemetry and viz are leaves that never import hooks.
+    cost_model + telemetry records  ->  advisor (pure)  ->  hooks (state.advise), cli, integrations
 
 Read with ``ast`` from the files themselves (nothing imported), so a new import that breaks
 the rule fails here with the file and the line, before it becomes a cycle or a layer that
@@ -27,11 +28,12 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"schedules", "cost_model"},
     "telemetry": {"runtime", "schedules", "cost_model"},
     "viz": {"schedules", "cost_model", "progress"},
-    "hooks": {"schedules", "cost_model", "runtime", "telemetry"},
+    "advisor": {"schedules", "cost_model"},
+    "hooks": {"schedules", "cost_model", "runtime", "telemetry", "advisor"},
     "launch": set(),
     "bench": {"schedules", "cost_model", "runtime", "telemetry", "progress", "launch"},
-    "integrations": {"schedules", "cost_model", "runtime", "telemetry", "hooks"},
-    "cli": {"schedules", "cost_model", "runtime", "telemetry", "viz", "bench", "launch", "progress", "hooks"},
+    "integrations": {"schedules", "cost_model", "runtime", "telemetry", "hooks", "advisor"},
+    "cli": {"schedules", "cost_model", "runtime", "telemetry", "viz", "bench", "launch", "progress", "hooks", "advisor"},
 }
 
 

@@ -73,7 +73,7 @@ def _train_with_telemetry(rank: int, world_size: int, shared_dir: str, per_rank_
     per_rank_state = ddp_ring_hooks.register(model, log_dir=per_rank_dir, per_rank=True)
     train(model, 2)
     per_rank_state.close()
-    return seen, memory.records, summary
+    return seen, memory.records, summary, memory.ranks
 
 
 @pytest.fixture(scope="module")
@@ -152,15 +152,17 @@ def test_spread_gathers_every_ranks_own_step_total(trained):
     records = [{r.step: r for r in rank_result[1]} for rank_result in results]
     spread_and_logged = [s for s in range(1, STEPS + 1) if s % SPREAD_EVERY == 0 and s % LOG_EVERY == 0]
     assert spread_and_logged
+    ranks = {r.step: r for r in results[0][3]}
+    assert [r.step for r in results[1][3]] == sorted(ranks) == [s for s in range(1, STEPS + 1) if s % SPREAD_EVERY == 0]
     for step in spread_and_logged:
-        gathered = records[0][step].rank_total_ms
-        assert gathered == records[1][step].rank_total_ms
+        gathered = ranks[step].total_ms
         assert gathered == tuple(records[rank][step].total_ms for rank in range(WORLD_SIZE))
     scalars = _scalars(trained[0])
     for step in spread_and_logged:
-        totals = records[0][step].rank_total_ms
+        totals = ranks[step].total_ms
         assert scalars["comm/ranks/total_ms_min"][step] == pytest.approx(min(totals), rel=1e-5)
         assert scalars["comm/ranks/total_ms_max"][step] == pytest.approx(max(totals), rel=1e-5)
+        assert scalars["comm/ranks/straggler_rank"][step] == ranks[step].straggler
 
 
 def test_trace_loads_and_phases_nest_in_their_bucket(trained):
@@ -172,7 +174,7 @@ def test_trace_loads_and_phases_nest_in_their_bucket(trained):
     phases = set(PHASES)
     buckets = [e for e in slices if e["name"].startswith("bucket ")]
     assert {e["args"]["step"] for e in buckets} == set(range(*TRACE_WINDOW))
-    assert {e["pid"] for e in slices} == {0}  # rank 0 wrote its own tracks
+    assert {e["pid"] for e in slices} == set(range(WORLD_SIZE))  # rank 0 gathered every rank's tracks
     for bucket in buckets:
         inside = [
             e for e in slices
@@ -197,10 +199,10 @@ def test_only_rank0_writes_unless_per_rank(trained):
 
 def test_summary_lists_every_bucket_size(trained):
     _, _, results = trained
-    for seen, _, summary in results:
+    for seen, _, summary, _ in results:
         logged = [(i, nbytes) for (step, i), nbytes in seen.items() if step % LOG_EVERY == 0]
         rows = {}
-        for line in summary.splitlines()[2:-1]:  # header, column names, rows..., step footer
+        for line in summary.splitlines()[2:-2]:  # header, column names, rows..., step footer, stragglers
             index, nbytes, _, count, p50, p90, worst = line.split()[:7]
             rows[(int(index), int(nbytes.replace(",", "")))] = (int(count), float(p50), float(p90), float(worst))
         assert set(rows) == set(logged)

@@ -26,9 +26,12 @@ def register(
     - ``log_dir``: TensorBoard events (``comm/bucket_{i}/time_ms``, ...) from rank 0.
     - ``log_every``: record every N-th optimizer step.
     - ``trace_steps``: a Chrome/Perfetto trace ``log_dir/comm_trace.json`` of the optimizer
-      steps ``(start, stop)`` (stop excluded), or of N steps after the first.
+      steps ``(start, stop)`` (stop excluded), or of N steps after the first: every rank's
+      tracks on rank 0's clock (see ``docs/stragglers.md``).
     - ``per_rank``: every rank writes to ``log_dir/rank_{r}``.
-    - ``spread_every``: every N-th step, log the min/max/spread of the ranks' step times.
+    - ``spread_every``: every N-th step, gather when each rank arrived (handed its last bucket
+      over) and log the straggler (the rank that arrived last), how long the others waited for
+      it and the ranks' step times (``comm/ranks/...``, a line in ``summary()``).
     - ``sinks``: more :class:`~ddp_ring_hooks.telemetry.sinks.Sink` s, on every rank.
 
     ``state.summary()`` returns the per-bucket table; ``state.close()`` flushes the files.
@@ -58,6 +61,7 @@ def register(
     state = HookState(process_group or ddp_model.process_group, algorithm, **options)
     validate_state(state)
     ddp_model.register_comm_hook(state, ring_hook)
+    state.timeline.attach(ddp_model, algorithm=algorithm, concurrent_buckets=state.concurrent_buckets, group=state.group)
     return state
 
 

@@ -44,8 +44,12 @@ from ..runtime.native import run_native
 from ..runtime.selection import AUTO, AutoSelector
 from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options
 from ..telemetry import Sink, Telemetry
+from ..telemetry.timeline import Timeline
+from .advice import advise_state, close_timeline
+from .arrivals import ArrivalGather
 from .errors import HookFailedError
 from .layout_check import BucketLayout, check_bucket_layout
+from .profiling import PhaseRanges, in_bucket_range, profiler_active
 from .validation import check_algorithm_name, validate_bucket, validate_group
 
 
@@ -100,6 +104,8 @@ class HookState:
         "iteration",
         # Per-bucket timing; pickles its options only.
         "telemetry",
+        # Every rank's arrival (bucket hand-over), gathered after the step for telemetry.
+        "_arrivals",
         # CPU: buckets reduced at the same time, one worker lane each.
         "concurrent_buckets",
         # More watchers of every bucket's execution (e.g. a TraceRecorder); not pickled.
@@ -113,6 +119,8 @@ class HookState:
         "_reductions_here",
         "_bucket_index",
         "_failure",
+        # Step, micro-batch and bucket marks for the advisor (attached by register()).
+        "timeline",
     )
 
     def __init__(
@@ -167,6 +175,8 @@ class HookState:
             spread_every=spread_every, sinks=sinks,
         )
         self.observers = tuple(observers)
+        self._arrivals = ArrivalGather(self.telemetry)
+        self.timeline = Timeline(log_dir=log_dir)
 
     # -- the group -----------------------------------------------------------------------
 
@@ -198,6 +208,7 @@ class HookState:
 
     def reduce_bucket(self, buffer: torch.Tensor, *, is_last: bool) -> torch.futures.Future:
         """Average ``buffer`` over the group in place; the Future holds ``buffer``."""
+        arrival = self._arrivals.mark(self.iteration + 1, buffer)  # first: the hand-over itself
         validate_bucket(buffer)
         bucket, self._bucket_index = self._bucket_index, 0 if is_last else self._bucket_index + 1
         checking_layout = self._reductions_here < self.check_layout_steps
@@ -224,27 +235,39 @@ class HookState:
                 algorithm=schedule.algorithm if schedule is not None else NATIVE, group=self.group,
             ),
             *self.observers,
+            self.timeline.observe_bucket(buffer, index=bucket, is_last=is_last),
         )
-        return self._launch(schedule, buffer, observer, bucket=bucket, iteration=iteration, lane=bucket % lanes)
+        ranges = PhaseRanges(bucket) if profiler_active() else None
+        future = self._launch(schedule, buffer, observer, bucket=bucket, iteration=iteration, lane=bucket % lanes, ranges=ranges)
+        return self._arrivals.track(arrival, future, step=step, is_last=is_last, group=self.group)
 
     def _launch(
         self, schedule: Schedule | None, buffer: torch.Tensor, observer: ExecutionObserver, *,
-        bucket: int, iteration: int, lane: int,
+        bucket: int, iteration: int, lane: int, ranges: PhaseRanges | None,
     ) -> torch.futures.Future:
         """The one place that picks how a bucket is reduced (see the module docstring)."""
         if schedule is None:  # native: the group's own all-reduce, DDP's scaling
+            # (no profiler phase ranges: its start and end marks are taken on different threads)
             return run_native(buffer, group=self.group, observer=observer, average=True)
+        if ranges is not None:
+            observer = combine_observers(observer, ranges)
         if buffer.is_cuda:
             # Order the side stream after the kernels that produced this bucket (now, on the
             # GPU: no host wait); the worker enqueues everything else on that stream.
             cuda.stream_after_current(buffer.device)
             side = cuda.cuda_lane(self.group, buffer.device)
             job = lambda: self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration, group=side.group)  # noqa: E731
-            return side.worker.submit(job, devices=[buffer.device]).then(_value_or_raise)
-        job = lambda: self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration, tag=lane)  # noqa: E731
+            devices = [buffer.device]
+            worker = side.worker
+        else:
+            job = lambda: self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration, tag=lane)  # noqa: E731
+            devices = None
+            worker = worker_for(self.group, lane)
+        if ranges is not None:
+            job = in_bucket_range(job, ranges)
         # DDP reads a failed Python Future as a value ("Unable to cast ... to Tensor"); a
         # callback that re-raises turns it into a real error that keeps our message.
-        return worker_for(self.group, lane).submit(job).then(_value_or_raise)
+        return worker.submit(job, devices=devices).then(_value_or_raise)
 
     def _average(
         self, schedule: Schedule, buffer: torch.Tensor, observer: ExecutionObserver, tag: int,
@@ -279,27 +302,36 @@ class HookState:
         then write the queued telemetry and close its sinks. Safe to call twice."""
         for worker in workers_of(self.group):
             worker.close()
+        close_timeline(self)
         self.telemetry.close()
 
     def summary(self) -> str:
-        """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw)."""
+        """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw),
+        and a line naming the rank that kept the others waiting (with ``spread_every``)."""
         return self.telemetry.summary()
+
+    def advise(self, **options) -> dict:
+        """What to change (bucket size, accumulation, algorithm, world size), predicted from this
+        run's timeline; see :func:`ddp_ring_hooks.advisor.advise` (``network=`` costs another cluster)."""
+        return advise_state(self, **options)
 
     # -- pickling ------------------------------------------------------------------------
 
     def __getstate__(self) -> dict:
         # Process groups and threads cannot be pickled; they are rebuilt on load.
-        skipped = {"process_group", "_failure", "observers", "_reductions_here", "_bucket_index"}
+        skipped = {"process_group", "_failure", "observers", "_reductions_here", "_bucket_index", "_arrivals"}
         return {name: getattr(self, name) for name in self.__slots__ if name not in skipped}
 
     def __setstate__(self, state: dict) -> None:
         self.concurrent_buckets = 2  # states pickled before the option existed
+        self.timeline = Timeline()  # ... or the timeline
         for name, value in state.items():
             setattr(self, name, value)
         self.process_group = None
         self._failure = None
         self.observers = ()
         self._reductions_here = self._bucket_index = 0
+        self._arrivals = ArrivalGather(self.telemetry)
 
 
 def _value_or_raise(future: torch.futures.Future) -> torch.Tensor:

@@ -53,7 +53,9 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
+from ..advisor import format_advice
 from ..hooks import HookState, register, ring_hook
+from ..hooks.advice import ADVICE_TAG, advice_panel
 from ..hooks.register import reported_comm_hook
 from ..hooks.validation import check_algorithm_name
 from ..runtime.names import has_schedule
@@ -207,7 +209,15 @@ class CommTimingLogger(pl.Callback):
     ``trainer.logger.experiment`` (Lightning's own ``SummaryWriter``, on global rank 0), so
     ``comm/*`` sits next to ``train/loss``, with the optimizer step as x axis. The sink is
     fed off the training thread. Needs :class:`RingDDPStrategy` and a ``TensorBoardLogger``.
+
+    At the end of training it writes the advisor's advice (what to change: bucket size,
+    accumulation, algorithm; see :mod:`ddp_ring_hooks.advisor`) as the text panel
+    ``comm/advice``, and at the end of ``fit`` prints it on global rank 0, unless
+    ``print_advice=False``.
     """
+
+    def __init__(self, *, print_advice: bool = True) -> None:
+        self.print_advice = print_advice
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         strategy = _ring_strategy(trainer)
@@ -226,6 +236,22 @@ class CommTimingLogger(pl.Callback):
         state = _ring_strategy(trainer).hook_state
         if state is not None:
             state.telemetry.flush()
+        logger = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+        if state is not None and logger is not None and trainer.global_rank == 0:  # the comm/advice panel
+            logger.experiment.add_text(ADVICE_TAG, advice_panel(advice_text(state)), global_step=trainer.global_step)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        state = _ring_strategy(trainer).hook_state
+        if self.print_advice and state is not None and trainer.global_rank == 0:
+            print(advice_text(state))
+
+
+def advice_text(state: HookState) -> str:
+    """The advisor's table for a hook state, or why there is none (too few steps)."""
+    try:
+        return "communication advice (ddp_ring_hooks advisor):\n" + format_advice(state.advise())
+    except ValueError as error:
+        return f"communication advice: none ({error})"
 
 
 @dataclass(frozen=True)

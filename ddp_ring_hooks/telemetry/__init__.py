@@ -3,11 +3,11 @@
 A leaf of the package: it uses ``runtime``'s observer interface and never imports ``hooks``.
 """
 
-from .records import BucketRecord, StepRecord, all_reduce_bus_factor, bandwidths_GBps
+from .records import BucketRecord, RankArrivals, StepRecord, all_reduce_bus_factor, bandwidths_GBps
 from .recorder import BucketObserver, Telemetry
 from .sinks import MemorySink, NullSink, Sink, SummaryTable, TensorBoardSink, TraceSink
 
 __all__ = [
-    "BucketObserver", "BucketRecord", "MemorySink", "NullSink", "Sink", "StepRecord", "SummaryTable",
+    "BucketObserver", "BucketRecord", "MemorySink", "NullSink", "RankArrivals", "Sink", "StepRecord", "SummaryTable",
     "Telemetry", "TensorBoardSink", "TraceSink", "all_reduce_bus_factor", "bandwidths_GBps",
 ]

@@ -20,15 +20,13 @@ Only steps that something wants are observed (``log_every``, the trace window, s
 steps); other steps cost one integer comparison. Rank 0 writes files by default; with
 ``per_rank=True`` every rank writes to ``log_dir/rank_{r}``. Every rank keeps its own summary.
 
-Spread across ranks (``spread_every=N``): on every N-th step, right after the last bucket
-and before its Future completes, each rank's communication worker gathers every rank's step
-``total_ms``. It does so with point-to-point messages (a ring all-reduce of a vector in which
-rank r fills slot r), not with a collective: DDP may start a collective of its own on the
-autograd thread at that moment (the unused-parameter map of ``find_unused_parameters``), and
-gloo numbers collectives in the order each process calls them, so a collective from this
-thread could pair with the wrong one. Point-to-point messages follow the buckets' own FIFO
-order. CPU (gloo) only: on CUDA it would need the events resolved inside the step, so it is
-skipped there with a warning.
+Across ranks (``spread_every=N``, and the steps of the trace window): the hook state gathers
+every rank's arrival (:class:`~.records.RankArrivals`) after the step, on a worker of its own
+(``hooks/arrivals.py``), and hands the result to :meth:`Telemetry.record_ranks`; telemetry
+only records it, and offers each rank's ``total_ms`` (:meth:`Telemetry.take_step_total_ms`)
+and trace events (:meth:`Telemetry.local_trace_events`) to gather. At the end of the trace
+window rank 0 receives every rank's trace events (:meth:`Telemetry.add_peer_traces`) and
+writes one merged, aligned ``comm_trace.json``.
 
 Telemetry never imports ``hooks``: the hook state calls it, not the other way round.
 """
@@ -37,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import math
 import os
 import queue
 import threading
@@ -48,14 +47,15 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 
-from ..runtime.all_reduce import all_reduce
 from ..runtime.observer import NULL_OBSERVER, ExecutionObserver
-from .records import BucketRecord, StepRecord, bandwidths_GBps, busy_ms
+from .records import BucketRecord, RankArrivals, StepRecord, bandwidths_GBps, busy_ms
 from .sinks import Sink, SummaryTable, TensorBoardSink, TraceSink
+from .stragglers import StragglerTally
 from .timer import CudaTimer, HostTimer
 
 _STOP = object()
 _CLOSE_TIMEOUT_S = 30.0
+_KEPT_TOTALS = 64  # steps' totals waiting for the hook state's gather
 TRACE_FILE = "comm_trace.json"
 
 
@@ -67,11 +67,17 @@ class _PendingStep:
     rank: int
     buckets: list[BucketObserver] = dataclasses.field(default_factory=list)
     dropped: int = 0
-    rank_total_ms: tuple[float, ...] = ()
     # Buckets may finish out of order (several run at once on CPU): the step is complete when
     # the last bucket was handed over and every bucket handed over has finished.
     finished: int = 0
     last_handed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _PeerTraces:
+    """Rank 0's queue item: the other ranks' trace events for the merged trace file."""
+
+    traces: tuple[tuple[int, list[dict], float], ...]
 
 
 class BucketObserver(ExecutionObserver):
@@ -129,8 +135,9 @@ class Telemetry:
             ``(start, stop)`` pair of optimizer steps (``stop`` excluded) or a count N, which
             means the N steps after the first (step 1 runs DDP's provisional bucket layout).
         per_rank: every rank writes to ``log_dir/rank_{r}`` (to compare ranks in TensorBoard).
-        spread_every: every N-th step, gather each rank's step time and log min/max/spread
-            (0: never; CPU/gloo only).
+        spread_every: every N-th step, gather when each rank arrived (handed its last
+            bucket over) and log the straggler, its cost, the arrival spread and the ranks'
+            step times (0: never; needs the hook state, which gathers them).
         sinks: more sinks (e.g. :class:`~.sinks.MemorySink`), on every rank, fed logged steps.
         capacity: how many finished steps may wait for the writer before new ones are dropped.
         summary_window: how many recent samples per bucket the summary's percentiles use.
@@ -201,6 +208,17 @@ class Telemetry:
         window = self._options.trace_steps
         return window is not None and step in window
 
+    def gathers_ranks(self, step: int) -> bool:
+        """Whether the hook state should gather every rank's arrival at ``step`` (spread steps,
+        and trace steps so the merged trace shows who waited)."""
+        return self.enabled and (self._is_spread_step(step) or self._is_trace_step(step))
+
+    def merges_trace_at(self, step: int) -> bool:
+        """Whether rank 0 gathers every rank's trace events after ``step`` (the window's last
+        step; with ``per_rank`` each rank writes its own file and ``trace merge`` joins them)."""
+        window = self._options.trace_steps
+        return window is not None and not self._options.per_rank and step == window[-1]
+
     def _wants(self, step: int) -> bool:
         return self._is_log_step(step) or self._is_spread_step(step) or self._is_trace_step(step)
 
@@ -248,27 +266,42 @@ class Telemetry:
         self._finish_step(pending, bucket.group)
 
     def _finish_step(self, pending: _PendingStep, group) -> None:
-        """The step's last bucket is reduced: gather the spread if due, queue the marks."""
-        if self._is_spread_step(pending.step):
-            pending.rank_total_ms = self._gather_totals(pending, group)
+        """The step's last bucket is reduced: keep its total for the ranks' gather, queue the marks."""
+        if self.gathers_ranks(pending.step) and isinstance(pending.buckets[0].timer, HostTimer):
+            with self._step_lock:  # CUDA marks are not resolved yet: its total stays unknown
+                self._step_totals[pending.step] = _busy_ms(pending.buckets)
+                if len(self._step_totals) > _KEPT_TOTALS:  # nobody took them (no hook state gathers)
+                    del self._step_totals[next(iter(self._step_totals))]
         pending.dropped = self._dropped
         try:
             self._queue.put_nowait(pending)
         except queue.Full:
             self._dropped += 1
 
-    def _gather_totals(self, pending: _PendingStep, group) -> tuple[float, ...]:
-        timer = pending.buckets[0].timer
-        if not isinstance(timer, HostTimer):
-            if not self._warned_spread:
-                self._warned_spread = True
-                warnings.warn("spread_every is CPU (gloo) only; skipped on CUDA", stacklevel=2)
-            return ()
-        total = _busy_ms(pending.buckets)  # queued only once every bucket has finished
-        every = torch.zeros(dist.get_world_size(group), dtype=torch.float64)
-        every[dist.get_rank(group)] = total
-        all_reduce(every, group=group)  # a gather: every other slot is zero
-        return tuple(every.tolist())
+    # -- across ranks: the hook state gathers, telemetry records ------------------------------
+
+    def take_step_total_ms(self, step: int) -> float:
+        """This rank's ``total_ms`` of ``step`` once all its buckets finished (NaN if unknown),
+        for the hook state's gather; forgotten after this call."""
+        with self._step_lock:
+            return self._step_totals.pop(step, math.nan)
+
+    def record_ranks(self, record: RankArrivals) -> None:
+        """Record what the hook state gathered across ranks (never blocks; full queue: dropped)."""
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            self._dropped += 1
+
+    def local_trace_events(self) -> list[dict]:
+        """This rank's trace events of the window, on its own clock (waits for the writer)."""
+        self.flush()
+        return [event for sink, _ in self._file_routes if isinstance(sink, TraceSink) for event in sink.events()]
+
+    def add_peer_traces(self, traces: list[tuple[int, list[dict], float]]) -> None:
+        """Rank 0: the other ranks' trace events ``(rank, events, clock offset ms)`` to merge
+        into its trace file, shifted onto its clock."""
+        self._queue.put(_PeerTraces(tuple(traces)), timeout=_CLOSE_TIMEOUT_S)
 
     def _timer_for(self, buffer: torch.Tensor):
         if not buffer.is_cuda:
@@ -293,13 +326,14 @@ class Telemetry:
     def _file_sinks(self, rank: int) -> list[tuple[Sink, Callable[[int], bool]]]:
         """TensorBoard and trace sinks of this rank (built on the writer thread: file I/O)."""
         options = self._options
-        if options.log_dir is None or not (options.per_rank or rank == 0):
+        if options.log_dir is None:
             return []
+        if not (options.per_rank or rank == 0):
+            # Kept in memory only, for rank 0 to gather into its merged trace.
+            return [(TraceSink(None, steps=options.trace_steps), self._is_trace_step)] if options.trace_steps else []
         directory = os.path.join(options.log_dir, f"rank_{rank}") if options.per_rank else options.log_dir
-        tensorboard = _SpreadOffLogSteps(TensorBoardSink(directory), self._is_log_step)
-        routes: list[tuple[Sink, Callable[[int], bool]]] = [
-            (tensorboard, lambda step: self._is_log_step(step) or self._is_spread_step(step))
-        ]
+        # Logged steps; the gathered ranks of spread steps come through write_ranks.
+        routes: list[tuple[Sink, Callable[[int], bool]]] = [(TensorBoardSink(directory), self._is_log_step)]
         if options.trace_steps is not None:
             routes.append((TraceSink(os.path.join(directory, TRACE_FILE), steps=options.trace_steps),
                            self._is_trace_step))
@@ -342,12 +376,14 @@ class Telemetry:
                 warnings.warn(f"telemetry sink {type(sink).__name__} failed to close: {error}", stacklevel=2)
 
     def summary(self) -> str:
-        """The per-bucket summary table of the logged steps so far, as text."""
+        """The per-bucket summary table of the logged steps so far, as text; with
+        ``spread_every``, a last line on stragglers (:class:`~.stragglers.StragglerTally`)."""
         if not self.enabled and self._writer is None:
             return ("no communication telemetry: pass log_dir=PATH or sinks=[...] to register/HookState "
                     "to record per-bucket timings")
         self.flush()
-        return self._summary.render(dropped=self._dropped)
+        stragglers = f"\n{self._stragglers.render()}" if self._options.spread_every else ""
+        return self._summary.render(dropped=self._dropped) + stragglers
 
     # -- writer thread -----------------------------------------------------------------------
 
@@ -365,12 +401,28 @@ class Telemetry:
                 self._flush_sinks()
                 item.set()
                 continue
+            if isinstance(item, RankArrivals | _PeerTraces):
+                self._deliver(item)
+                continue
             record = self._guard(lambda: resolve_step(item, deadline=time.monotonic() + _CLOSE_TIMEOUT_S))
             if record is None:
                 continue
             for sink, wants in self._all_routes():
                 if wants(record.step):
                     self._guard(lambda: sink.write(record))
+
+    def _deliver(self, item: RankArrivals | _PeerTraces) -> None:
+        """Gathered ranks of spread steps go to every sink that takes them (``write_ranks``),
+        those of trace steps to the trace; peer traces to the trace file."""
+        spread = isinstance(item, RankArrivals) and self._is_spread_step(item.step)
+        if spread:
+            self._stragglers.add(item)
+        for sink, _ in self._all_routes():
+            if isinstance(item, _PeerTraces):
+                if isinstance(sink, TraceSink):
+                    self._guard(lambda: sink.add_peer_traces(item.traces))
+            elif (spread or isinstance(sink, TraceSink)) and callable(getattr(sink, "write_ranks", None)):
+                self._guard(lambda: sink.write_ranks(item))
 
     def _flush_sinks(self) -> None:
         for sink, _ in self._all_routes():
@@ -390,6 +442,8 @@ class Telemetry:
 
     def _reset_runtime(self) -> None:
         self._summary = SummaryTable(window=self._options.summary_window)
+        self._stragglers = StragglerTally(window=self._options.summary_window)
+        self._step_totals: dict[int, float] = {}
         self._routes: tuple = ((self._summary, self._is_log_step), *((s, self._is_log_step) for s in self._user_sinks))
         self._file_routes: tuple = ()
         self._queue: queue.Queue = queue.Queue(maxsize=self._options.capacity)
@@ -402,7 +456,6 @@ class Telemetry:
         self._rank: int | None = None
         self._writer: threading.Thread | None = None
         self._closed = False
-        self._warned_spread = False
         self._warned_sink = False
 
     def __getstate__(self) -> dict:
@@ -412,25 +465,6 @@ class Telemetry:
         self._options = state["options"]
         self._user_sinks = ()
         self._reset_runtime()
-
-
-class _SpreadOffLogSteps(Sink):
-    """Passes logged steps whole; of spread steps between them only the ranks' spread."""
-
-    def __init__(self, sink: Sink, is_log_step: Callable[[int], bool]) -> None:
-        self.sink = sink
-        self._is_log_step = is_log_step
-
-    def write(self, record: StepRecord) -> None:
-        if not self._is_log_step(record.step):
-            record = dataclasses.replace(record, buckets=(), num_buckets=0)
-        self.sink.write(record)
-
-    def flush(self) -> None:
-        self.sink.flush()
-
-    def close(self) -> None:
-        self.sink.close()
 
 
 def resolve_step(pending: _PendingStep, *, deadline: float) -> StepRecord | None:
@@ -449,7 +483,6 @@ def resolve_step(pending: _PendingStep, *, deadline: float) -> StepRecord | None
         num_buckets=len(buckets),
         rank=pending.rank,
         dropped=pending.dropped,
-        rank_total_ms=pending.rank_total_ms,
     )
 
 

@@ -21,6 +21,8 @@ workers, up to ``concurrent_buckets`` at once, while backward goes on computing)
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass, field
 
 
@@ -91,8 +93,8 @@ class StepRecord:
     the moment the last bucket was handed to the hook (backward has produced every gradient)
     to the moment the last bucket finished: the communication that backward could not hide. ``dropped`` is how
     many step records the recorder had dropped (queue full) when this one was queued.
-    ``rank_total_ms`` holds every rank's ``total_ms`` (by group rank) on the steps where the
-    spread across ranks was gathered, else it is empty.
+    What every rank did in the same step is a :class:`RankArrivals`, recorded separately
+    (it is gathered across ranks after the step, off the training path).
     """
 
     step: int
@@ -102,4 +104,68 @@ class StepRecord:
     num_buckets: int
     rank: int = 0
     dropped: int = 0
-    rank_total_ms: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankArrivals:
+    """When every rank of the group handed its buckets over in one step, on one time axis.
+
+    A rank *arrives* when backward hands its last bucket to the hook: from then on it can only
+    wait for the others, because no all-reduce finishes before its slowest contributor. So the
+    rank that arrives last (:attr:`straggler`) holds everyone up, and what it costs is how
+    long the others waited for it (:attr:`straggler_wait_ms`). The rank with the *longest*
+    communication is the opposite: it is a victim, which waited longest::
+
+        rank 0  backward ====|h0 . . . . h_last|wait for rank 2.........|reduce|
+        rank 1  backward =======|h0 . . . h_last|wait for rank 2......|reduce|
+        rank 2  backward (slow) ===============|h0 . . . . h_last|reduce|
+                                                                ^ the straggler arrives
+
+    Times are milliseconds on rank 0's monotonic clock (each rank's own reading minus
+    ``offsets_ms[r]``, its clock's offset to rank 0's: exactly 0 on rank 0's host, which
+    shares ``CLOCK_MONOTONIC``; estimated by ping-pong across hosts, to within
+    ``clock_error_ms``). Tuples are indexed by group rank.
+
+    ``first_ms`` / ``last_ms``: first and last bucket handed over; ``total_ms``: each rank's
+    communication time in the step (``StepRecord.total_ms``; NaN where unknown, e.g. CUDA).
+    ``rank`` is the rank that recorded this copy (every rank gets the same numbers).
+    """
+
+    step: int
+    first_ms: tuple[float, ...]
+    last_ms: tuple[float, ...]
+    total_ms: tuple[float, ...]
+    offsets_ms: tuple[float, ...]
+    clock_error_ms: float = 0.0
+    rank: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return len(self.last_ms)
+
+    @property
+    def straggler(self) -> int:
+        """The rank that arrived last (its last bucket was handed over last)."""
+        return max(range(self.world_size), key=self.last_ms.__getitem__)
+
+    @property
+    def waits_ms(self) -> tuple[float, ...]:
+        """How long each rank waited for the last one to arrive (0 for the straggler)."""
+        latest = max(self.last_ms)
+        return tuple(latest - arrival for arrival in self.last_ms)
+
+    @property
+    def straggler_wait_ms(self) -> float:
+        """The median over the *other* ranks of their wait for the straggler (0 for one rank)."""
+        straggler = self.straggler
+        others = [wait for rank, wait in enumerate(self.waits_ms) if rank != straggler]
+        return statistics.median(others) if others else 0.0
+
+    @property
+    def arrival_spread_ms(self) -> float:
+        """Between the first and the last rank to arrive."""
+        return max(self.last_ms) - min(self.last_ms)
+
+    @property
+    def total_ms_known(self) -> bool:
+        return not any(math.isnan(total) for total in self.total_ms)

@@ -8,8 +8,14 @@ TensorBoard tags (stable: dashboards are built on them)::
 
     comm/bucket_{i}/time_ms  bytes  busbw_GBps  algbw_GBps  queue_ms  {phase}_ms
     comm/step/total_ms  exposed_ms  num_buckets  bucket_time_ms (histogram)
-    comm/ranks/total_ms_min  total_ms_max  total_ms_spread  slowest_rank   (with spread_every)
     comm/telemetry/dropped
+    comm/ranks/straggler_rank  straggler_wait_ms  arrival_spread_ms  clock_error_ms
+    comm/ranks/total_ms_min  total_ms_max  total_ms_spread                 (with spread_every)
+
+``straggler_rank`` is the rank that arrived last (handed its last bucket over last) and
+``straggler_wait_ms`` the median over the other ranks of how long they waited for it (see
+:class:`~.records.RankArrivals`). There is no "slowest rank by communication time": the rank
+that communicates longest is the one that waited longest, a victim, not the culprit.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import math
 import os
 from collections.abc import Iterable
 
-from .records import StepRecord
+from .records import RankArrivals, StepRecord
 
 
 class Sink:
@@ -28,6 +34,9 @@ class Sink:
 
     def write(self, record: StepRecord) -> None:
         raise NotImplementedError
+
+    def write_ranks(self, record: RankArrivals) -> None:
+        """Every rank's arrival in one step (gathered with ``spread_every``); ignored by default."""
 
     def flush(self) -> None:
         """Make everything written so far durable or visible."""
@@ -57,13 +66,22 @@ class MemorySink(Sink):
 
     def __init__(self, maxlen: int = 10_000) -> None:
         self._records: collections.deque[StepRecord] = collections.deque(maxlen=maxlen)
+        self._ranks: collections.deque[RankArrivals] = collections.deque(maxlen=maxlen)
 
     @property
     def records(self) -> list[StepRecord]:
         return list(self._records)
 
+    @property
+    def ranks(self) -> list[RankArrivals]:
+        """The gathered arrivals of every rank, one per gathered step."""
+        return list(self._ranks)
+
     def write(self, record: StepRecord) -> None:
         self._records.append(record)
+
+    def write_ranks(self, record: RankArrivals) -> None:
+        self._ranks.append(record)
 
 
 class TensorBoardSink(Sink):
@@ -132,13 +150,36 @@ class TensorBoardSink(Sink):
             add("comm/step/num_buckets", record.num_buckets)
             times = [bucket.time_ms for bucket in record.buckets]
             values.append(Summary.Value(tag="comm/step/bucket_time_ms", histo=_histogram(times)))
-        if record.rank_total_ms:
-            totals = record.rank_total_ms
-            add("comm/ranks/total_ms_min", min(totals))
-            add("comm/ranks/total_ms_max", max(totals))
-            add("comm/ranks/total_ms_spread", max(totals) - min(totals))
-            add("comm/ranks/slowest_rank", max(range(len(totals)), key=totals.__getitem__))
         add("comm/telemetry/dropped", record.dropped)
+        self._write_values(values, step)
+
+    def write_ranks(self, record: RankArrivals) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [
+            Summary.Value(tag=f"comm/ranks/{tag}", simple_value=float(value))
+            for tag, value in (
+                ("straggler_rank", record.straggler),
+                ("straggler_wait_ms", record.straggler_wait_ms),
+                ("arrival_spread_ms", record.arrival_spread_ms),
+                ("clock_error_ms", record.clock_error_ms),
+            )
+        ]
+        if record.total_ms_known:
+            totals = record.total_ms
+            values += [
+                Summary.Value(tag="comm/ranks/total_ms_min", simple_value=min(totals)),
+                Summary.Value(tag="comm/ranks/total_ms_max", simple_value=max(totals)),
+                Summary.Value(tag="comm/ranks/total_ms_spread", simple_value=max(totals) - min(totals)),
+            ]
+        self._write_values(values, record.step + self.step_offset)
+
+    def _write_values(self, values: list, step: int) -> None:
+        if self._layout_pending:
+            self.writer.add_custom_scalars(custom_scalars_layout())
+            self._layout_pending = False
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
         # SummaryWriter's own add_scalar goes through this same (underscored) accessor, which
         # torch's and tensorboardX's writers both have.
         self.writer._get_file_writer().add_summary(Summary(value=values), step)
@@ -171,6 +212,9 @@ def custom_scalars_layout() -> dict:
     per_step = {
         "step: total vs exposed (ms)": ["Multiline", ["comm/step/total_ms", "comm/step/exposed_ms"]],
         "ranks: total min / max (ms)": ["Multiline", [r"comm/ranks/total_ms_(min|max)"]],
+        "ranks: straggler wait / arrival spread (ms)": [
+            "Multiline", ["comm/ranks/straggler_wait_ms", "comm/ranks/arrival_spread_ms"]
+        ],
     }
     return {"comm buckets": per_bucket, "comm steps": per_step}
 
@@ -196,23 +240,34 @@ class TraceSink(Sink):
 
     One process per rank, one thread (track) per bucket, and on each track a ``queue`` slice
     followed by the bucket's slice with one slice per phase nested inside it; an ``exposed``
-    track shows the part of each step backward could not hide::
+    track shows the part of each step backward could not hide; on steps whose arrivals were
+    gathered, an ``arrival`` track shows the buckets being handed over and the wait for the
+    rank that arrived last::
 
         rank 0
           bucket 0   [queue][ bucket 0 step 5              ]
                             [ reduce-scatter ][ all-gather ]
           bucket 1          [queue       ][ bucket 1 step 5 ...
           exposed                          [ exposed step 5 ]
+          arrival   [handing over][wait for rank 2 step 5]
 
     ``steps`` limits the window (a ``range`` of optimizer steps, ``None`` for all) and
-    ``max_steps`` bounds memory whatever the window. The file is (re)written on flush/close.
-    Trace files of several ranks can be merged by concatenating their ``traceEvents``.
+    ``max_steps`` bounds memory whatever the window. The file is (re)written on flush/close;
+    with ``path=None`` the events are only kept (rank 0 gathers them into its file).
+
+    Times are this rank's monotonic clock; the file says how it relates to rank 0's
+    (``ddp_ring_hooks.clock_offset_ms``), so files of several ranks can be put on one axis
+    (:func:`~.trace_merge.merge_traces`, ``ddp-ring-hooks trace merge``). Rank 0's file holds
+    every rank once they were gathered (:meth:`add_peer_traces`), already aligned.
     """
 
-    def __init__(self, path: str | os.PathLike, *, steps: range | None = None, max_steps: int = 1000) -> None:
-        self.path = os.fspath(path)
+    def __init__(self, path: str | os.PathLike | None, *, steps: range | None = None, max_steps: int = 1000) -> None:
+        self.path = None if path is None else os.fspath(path)
         self.steps = steps
         self._records: collections.deque[StepRecord] = collections.deque(maxlen=max_steps)
+        self._arrivals: collections.deque[RankArrivals] = collections.deque(maxlen=max_steps)
+        self._peer_events: list[dict] = []
+        self._merged_ranks: list[int] = []
         self._dirty = False
 
     def write(self, record: StepRecord) -> None:
@@ -220,29 +275,64 @@ class TraceSink(Sink):
             self._records.append(record)
             self._dirty = True
 
+    def write_ranks(self, record: RankArrivals) -> None:
+        if self.steps is None or record.step in self.steps:
+            self._arrivals.append(record)
+            self._dirty = True
+
+    def add_peer_traces(self, traces) -> None:
+        """Other ranks' events ``(rank, events, clock offset ms)``, moved onto this rank's clock
+        (this is rank 0: offset 0)."""
+        from .trace_merge import shift_events
+
+        for rank, events, offset_ms in traces:
+            self._peer_events.extend(shift_events(events, -offset_ms))
+            self._merged_ranks.append(rank)
+        self._dirty = True
+
+    def events(self) -> list[dict]:
+        """This rank's own events (its clock)."""
+        return trace_events(self._records, self._arrivals)
+
+    def clock(self) -> dict:
+        """How this file's clock relates to rank 0's (from the last gathered arrivals)."""
+        if not self._arrivals:
+            return {"clock_offset_ms": 0.0, "clock_error_ms": 0.0, "clock_known": False}
+        last = self._arrivals[-1]
+        return {"clock_offset_ms": last.offsets_ms[last.rank], "clock_error_ms": last.clock_error_ms,
+                "clock_known": True}
+
     def flush(self) -> None:
-        if not self._dirty:
+        if not self._dirty or self.path is None:
             return
         directory = os.path.dirname(self.path)
         if directory:
             os.makedirs(directory, exist_ok=True)
+        rank = self._records[-1].rank if self._records else 0
+        metadata = {"rank": rank, **self.clock(), "merged_ranks": sorted({rank, *self._merged_ranks})}
         temporary = f"{self.path}.tmp"
         with open(temporary, "w") as file:
-            json.dump({"traceEvents": trace_events(self._records), "displayTimeUnit": "ms"}, file)
+            json.dump({"traceEvents": [*self.events(), *self._peer_events], "displayTimeUnit": "ms",
+                       "ddp_ring_hooks": metadata}, file)
         os.replace(temporary, self.path)  # readers never see half a file
         self._dirty = False
 
 
-def trace_events(records: Iterable[StepRecord]) -> list[dict]:
-    """Chrome trace events (complete ``"X"`` slices, µs) for ``records``."""
+#: Track numbers after every bucket's (bucket i is track i).
+EXPOSED_TID, ARRIVAL_TID = 1_000_000, 1_000_001
+
+
+def trace_events(records: Iterable[StepRecord], arrivals: Iterable[RankArrivals] = ()) -> list[dict]:
+    """Chrome trace events (complete ``"X"`` slices, µs) for ``records``, and the recording
+    rank's arrival and wait in ``arrivals``, on that rank's clock."""
     events: list[dict] = []
     named: set[tuple[int, int]] = set()
-    exposed_tid = 1_000_000  # after every bucket track
 
     def name_track(pid: int, tid: int, name: str) -> None:
         if (pid, -1) not in named:
             named.add((pid, -1))
             events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"rank {pid}"}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
         if (pid, tid) not in named:
             named.add((pid, tid))
             events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
@@ -272,10 +362,20 @@ def trace_events(records: Iterable[StepRecord]) -> list[dict]:
             for phase, offset in bucket.phase_offsets_ms.items():
                 slice_(phase, pid, tid, bucket.start_ms + offset, bucket.phases_ms[phase], {"step": record.step})
         if record.buckets:
-            name_track(pid, exposed_tid, "exposed")
+            name_track(pid, EXPOSED_TID, "exposed")
             end_ms = max(b.start_ms + b.time_ms for b in record.buckets)  # the last to finish
-            slice_(f"exposed step {record.step}", pid, exposed_tid, end_ms - record.exposed_ms, record.exposed_ms,
+            slice_(f"exposed step {record.step}", pid, EXPOSED_TID, end_ms - record.exposed_ms, record.exposed_ms,
                    {"total_ms": record.total_ms, "num_buckets": record.num_buckets})
+    for arrival in arrivals:
+        pid, offset = arrival.rank, arrival.offsets_ms[arrival.rank]  # back onto this rank's clock
+        name_track(pid, ARRIVAL_TID, "arrival")
+        first, last = arrival.first_ms[pid] + offset, arrival.last_ms[pid] + offset
+        args = {"step": arrival.step, "straggler": arrival.straggler, "clock_error_ms": arrival.clock_error_ms}
+        slice_(f"handing over step {arrival.step}", pid, ARRIVAL_TID, first, last - first, args)
+        wait = arrival.waits_ms[pid]
+        if pid != arrival.straggler:
+            slice_(f"wait for rank {arrival.straggler} step {arrival.step}", pid, ARRIVAL_TID, last, wait,
+                   {**args, "wait_ms": wait})
     return events
 
 

@@ -1,0 +1,196 @@
+"""The advice: the run, what-if tables for each knob, and the one change to make.
+
+:func:`advise` returns plain data (the ``--json`` shape, stable)::
+
+    {"run": {"world_size", "algorithm", "accumulate", "bucket_cap_mb", "steps", "step_ms",
+             "compute_ms", "comm_ms", "exposed_ms"},
+     "what_if": [{"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup"}, ...],
+     "recommendation": {"knob", "value", "speedup", "why"},
+     "model": {...}}       # how the numbers were made: network, contention, notes
+
+``step_ms`` is one optimizer step (all its micro-batches); ``speedup`` is samples per second
+relative to the run; knobs change one at a time from the run's setting. ``run`` holds what
+was measured; ``compute_ms`` is the step minus exposed communication (so it includes the
+optimizer, the training loop and the contention of hidden communication).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from ..schedules import ALGORITHMS
+from .network import NATIVE, Network, from_run
+from .profile import profile_run
+from .step_model import Setting, StepModel, run_setting
+
+BUCKET_CAPS_MB = (1, 5, 10, 25, 50, 100)
+ACCUMULATE = (1, 2, 4, 8, 16)
+ALL_ALGORITHMS = (*ALGORITHMS, NATIVE)
+#: Predicted gains below this are within the model's error: no recommendation.
+MIN_GAIN = 1.03
+
+
+def step_model(records: Sequence[dict], *, network: Network | None = None) -> StepModel:
+    """The calibrated step model of the run in timeline ``records``."""
+    profile = profile_run(records)
+    run_network = from_run(
+        algorithm=profile.algorithm, world_size=profile.world_size,
+        samples=[(b.nbytes, b.comm_ms) for b in profile.buckets],
+    )
+    return StepModel(profile, run_network, network or run_network)
+
+
+def world_sizes(p: int) -> list[int]:
+    """The world sizes the table shows: the run's, twice it, 8, 64, 512."""
+    return sorted({p, 2 * p, 8, 64, 512})
+
+
+def what_if(model: StepModel) -> list[dict]:
+    """One row per (knob, value), changing one knob from the run's setting."""
+    here = run_setting(model.profile)
+    variants: list[tuple[str, object, Setting]] = []
+    variants += [("bucket_cap_mb", v, replace(here, bucket_cap_mb=float(v))) for v in BUCKET_CAPS_MB]
+    variants += [("accumulate", v, replace(here, accumulate=v)) for v in ACCUMULATE]
+    variants += [("algorithm", a, replace(here, algorithm=a, local_size=model.profile.local_world_size)) for a in ALL_ALGORITHMS]
+    variants += [("world_size", p, replace(here, world_size=p, local_size=model.profile.local_world_size)) for p in world_sizes(here.world_size)]
+    rows = []
+    for knob, value, setting in variants:
+        try:
+            prediction = model.predict(setting)
+        except ValueError:  # e.g. hierarchical with a node size that does not divide p
+            continue
+        rows.append({
+            "knob": knob, "value": value, "step_ms": prediction.step_ms, "comm_ms": prediction.comm_ms,
+            "exposed_ms": prediction.exposed_ms, "speedup": model.speedup(setting),
+        })
+    return rows
+
+
+#: Accumulation is recommended at its knee: the smallest k with this share of the largest gain.
+KNEE = 0.8
+
+
+def recommend(model: StepModel, rows: Sequence[dict]) -> dict:
+    """The best single change among bucket size, accumulation and algorithm, with why.
+
+    - Accumulation's gain grows with k and flattens; the advice names the knee, the smallest
+      k that gets :data:`KNEE` of the largest gain in the table, since every k grows the
+      effective batch (which changes the optimization).
+    - A change that leaves the optimization alone (bucket size, algorithm) is preferred when it
+      gets at least half of the accumulation's gain.
+    - World size is not a recommendation (it buys hardware, not efficiency); its rows are there
+      to read. Gains under :data:`MIN_GAIN` are within the model's error: then say so.
+    """
+    p = model.profile
+    exposed_share = p.exposed_ms / p.step_ms
+    contention_share = p.contention_ms / p.step_ms
+    candidates = [r for r in rows if r["knob"] != "world_size" and not _is_run(model, r)]
+    free = max((r for r in candidates if r["knob"] != "accumulate"), key=lambda r: r["speedup"], default=None)
+    more = [r for r in candidates if r["knob"] == "accumulate" and r["value"] > p.accumulate]
+    top = max(more, key=lambda r: r["speedup"], default=None)
+    knee = None
+    if top is not None and top["speedup"] > 1:
+        knee = min((r for r in more if r["speedup"] - 1 >= KNEE * (top["speedup"] - 1)), key=lambda r: r["value"])
+    if free is not None and (knee is None or free["speedup"] - 1 >= 0.5 * (knee["speedup"] - 1)):
+        best = free
+    else:
+        best = knee
+    if best is None or best["speedup"] < MIN_GAIN:
+        return {"knob": None, "value": None, "speedup": 1.0, "why": (
+            f"nothing is predicted to gain {MIN_GAIN - 1:.0%} or more: exposed communication is "
+            f"{exposed_share:.0%} of the step and contention from hidden communication {contention_share:.0%}")}
+    knob, value = best["knob"], best["value"]
+    if knob == "accumulate":
+        k = value / p.accumulate
+        why = (f"exposed communication is {exposed_share:.0%} of the step and hidden communication costs "
+               f"another {contention_share:.0%} in CPU contention; {value} accumulation steps pay both once per "
+               f"{value} micro-batches, {1 - 1 / k:.0%} less per sample (k={top['value']} would give "
+               f"{top['speedup']:.2f}x; the effective batch grows {k:g}x)")
+    elif knob == "bucket_cap_mb":
+        why = (f"exposed communication is {exposed_share:.0%} of the step ({p.exposed_ms:.1f} ms); "
+               f"{value} MB buckets are predicted to leave {best['exposed_ms']:.1f} ms exposed "
+               f"({len(p.buckets)} buckets now)")
+    else:
+        here = next((r for r in rows if r["knob"] == "algorithm" and r["value"] == p.algorithm), None)
+        now = f"{here['comm_ms']:.1f} ms with {p.algorithm}" if here else f"{p.comm_ms:.1f} ms now"
+        why = f"{value} is predicted to reduce this run's buckets in {best['comm_ms']:.1f} ms instead of {now}"
+    return {"knob": knob, "value": value, "speedup": best["speedup"], "why": why}
+
+
+def _is_run(model: StepModel, row: dict) -> bool:
+    p = model.profile
+    return (
+        (row["knob"] == "accumulate" and row["value"] == p.accumulate)
+        or (row["knob"] == "algorithm" and row["value"] == p.algorithm)
+        or (row["knob"] == "bucket_cap_mb" and not p.default_bucket_cap and row["value"] == p.bucket_cap_mb)
+    )
+
+
+def advise(records: Sequence[dict], *, network: Network | None = None) -> dict:
+    """The advice (the ``--json`` shape) for timeline ``records``; ``network`` costs the
+    predictions on another cluster (default: this run's own buckets)."""
+    model = step_model(records, network=network)
+    p = model.profile
+    rows = what_if(model)
+    notes = [
+        f"step = k x clean micro-batch ({p.clean_micro_ms:.1f} ms) + contention + exposed + optimizer "
+        f"({p.optimizer_ms:.1f} ms), calibrated to reproduce this run's step",
+        f"contention of hidden communication: {p.contention_ms:.1f} ms per step, {p.contention_source}",
+        "accumulate k: the effective batch grows k-fold (k x micro-batch x world size samples per step)",
+        "world_size: the same micro-batch per rank on more ranks (weak scaling); speedup counts all ranks' samples",
+        f"{NATIVE}: the group's own all_reduce, costed with the ring formula on this network (not measured)"
+        if NATIVE not in model.network.calibrations else f"{NATIVE}: fitted to its bench records",
+    ]
+    return {
+        "run": {
+            "world_size": p.world_size, "algorithm": p.algorithm, "accumulate": p.accumulate,
+            "bucket_cap_mb": p.bucket_cap_mb, "steps": p.steps, "step_ms": p.step_ms,
+            "compute_ms": p.step_ms - p.exposed_ms, "comm_ms": p.comm_ms, "exposed_ms": p.exposed_ms,
+        },
+        "what_if": rows,
+        "recommendation": recommend(model, rows),
+        "model": {
+            "network": model.network.as_dict(),
+            "run_network": model.run_network.as_dict(),
+            "contention_ms": p.contention_ms,
+            "contention_source": p.contention_source,
+            "clean_micro_ms": p.clean_micro_ms,
+            "buckets": [b.nbytes for b in p.buckets],
+            "default_bucket_cap": p.default_bucket_cap,
+            "notes": notes,
+        },
+    }
+
+
+def format_advice(advice: dict) -> str:
+    """The advice as a readable table (what ``ddp-ring-hooks advise`` prints)."""
+    run, model = advice["run"], advice["model"]
+    cap = f"{run['bucket_cap_mb']:g} MB" + (" (DDP's default, 1 MiB first bucket)" if model["default_bucket_cap"] else "")
+    lines = [
+        f"run: {run['world_size']} ranks, {run['algorithm']}, accumulate {run['accumulate']}, bucket cap {cap}, "
+        f"{len(model['buckets'])} buckets, {run['steps']} steps measured",
+        f"  step {run['step_ms']:.1f} ms = compute {run['compute_ms']:.1f} ms + exposed communication "
+        f"{run['exposed_ms']:.1f} ms; communication in flight {run['comm_ms']:.1f} ms; contention "
+        f"of hidden communication ~{model['contention_ms']:.1f} ms",
+        f"  network: {model['network']['source']}",
+        "",
+    ]
+    titles = {"bucket_cap_mb": "bucket_cap_mb", "accumulate": "accumulate (effective batch grows with k)",
+              "algorithm": "algorithm", "world_size": "world size (same micro-batch per rank)"}
+    for knob, title in titles.items():
+        rows = [r for r in advice["what_if"] if r["knob"] == knob]
+        if not rows:
+            continue
+        lines.append(f"{title:<44} {'step ms':>9} {'comm ms':>9} {'exposed':>9} {'speedup':>8}")
+        for r in rows:
+            lines.append(f"  {str(r['value']):<42} {r['step_ms']:>9.1f} {r['comm_ms']:>9.1f} "
+                         f"{r['exposed_ms']:>9.1f} {r['speedup']:>7.2f}x")
+        lines.append("")
+    rec = advice["recommendation"]
+    if rec["knob"] is None:
+        lines.append(f"recommendation: keep the setting; {rec['why']}")
+    else:
+        lines.append(f"recommendation: {rec['knob']}={rec['value']} ({rec['speedup']:.2f}x samples/s): {rec['why']}")
+    lines += [f"  note: {note}" for note in model["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""What one bucket's all-reduce costs: α-β per algorithm, from this run, a benchmark or two numbers.
+
+Three sources, one shape (:class:`Network`: a :class:`~ddp_ring_hooks.cost_model.Calibration`
+per algorithm, ``"*"`` for the rest):
+
+- :func:`from_run`: α and β fitted to this run's own buckets (``(nbytes, time)`` of each
+  bucket, median over steps) with the run algorithm's formula. These are *in-training*
+  times: two lanes sharing the link and backward sharing the cores are in them. Every other
+  algorithm is costed with the same α, β through its own formula (one description of the
+  machine); ``native`` (the group's own ``all_reduce``) with the ring formula, since gloo's
+  and NCCL's large-message all-reduce are rings: an assumption, said in the advice.
+- :func:`from_bench`: ``ddp-ring-hooks bench --json`` records from the target cluster, one
+  fit per algorithm (``native`` included, ring-shaped), measured outside training.
+- :func:`from_latency_bandwidth`: ``--latency 5us --bandwidth 25GB/s``, for every algorithm.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ..cost_model import Calibration, bytes_sent_per_rank, coefficients, fit
+from ..schedules import ALGORITHMS, build_schedule
+
+NATIVE = "native"
+ANY = "*"
+
+
+def formula_of(algorithm: str) -> str:
+    """The cost formula an algorithm is priced with (``native`` and ``auto``: the ring's)."""
+    return algorithm if algorithm in ALGORITHMS else "ring"
+
+
+def bytes_factor(algorithm: str, world_size: int, **options) -> float:
+    """Bytes the busiest rank sends per byte of bucket (it receives and adds as many): what
+    the communication threads' CPU time grows with.
+
+    Ring, halving-doubling and hierarchical send what their formula's β term says
+    (``2(p-1)/p`` for the ring). Tree and naive do not: their β term counts a whole-buffer
+    message per level or peer on the critical path, while the busiest rank (the root, the
+    master) sends what the schedule itself says (tree at p=2: 1, not 2).
+    """
+    if world_size < 2:
+        return 0.0
+    formula = formula_of(algorithm)
+    if formula in ("tree", "naive"):
+        return _schedule_bytes_factor(formula, world_size)
+    return coefficients(formula, world_size, **options)[1]
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule_bytes_factor(algorithm: str, world_size: int) -> float:
+    return max(bytes_sent_per_rank(build_schedule(algorithm, world_size), 1.0))
+
+
+@dataclass(frozen=True)
+class Network:
+    """α-β costs per algorithm, and where they came from (said in the advice)."""
+
+    calibrations: Mapping[str, Calibration]
+    source: str
+    from_this_run: bool = False
+
+    def calibration(self, algorithm: str) -> Calibration:
+        return self.calibrations.get(algorithm) or self.calibrations[ANY]
+
+    def cost_ms(self, algorithm: str, nbytes: float, world_size: int, **options) -> float:
+        """Predicted ms to all-reduce one bucket of ``nbytes`` over ``world_size`` ranks."""
+        return 1e3 * self.calibration(algorithm).predict(formula_of(algorithm), nbytes, world_size, **options)
+
+    def as_dict(self) -> dict:
+        return {
+            "source": self.source,
+            "per_algorithm": {
+                name: {"alpha_us": c.alpha * 1e6, "bandwidth_GBps": (1e-9 / c.beta) if c.beta else None}
+                for name, c in self.calibrations.items()
+            },
+        }
+
+
+def from_run(*, algorithm: str, world_size: int, samples: Iterable[tuple[int, float]]) -> Network:
+    """Fit α, β to ``(nbytes, ms)`` of this run's buckets, with ``algorithm``'s formula."""
+    if world_size < 2:
+        raise ValueError("a run on one rank communicates nothing; train on 2 or more ranks to get advice")
+    samples = [(n, ms * 1e-3) for n, ms in samples if ms > 0]
+    if not samples:
+        raise ValueError("no bucket of this run took any time (one rank?); give a network: --network or --latency/--bandwidth")
+    formula = formula_of(algorithm)
+    if len({n for n, _ in samples}) >= 2:
+        try:
+            calibration = fit(samples, algorithm=formula, world_size=world_size)
+            note = "fitted to this run's buckets (in training: lanes sharing the link and cores included)"
+        except ValueError:
+            calibration, note = _bandwidth_only(samples, formula, world_size)
+    else:
+        calibration, note = _bandwidth_only(samples, formula, world_size)
+    return Network({ANY: calibration}, note, from_this_run=True)
+
+
+def _bandwidth_only(samples, formula: str, world_size: int) -> tuple[Calibration, str]:
+    """All buckets one size: α and β cannot be told apart; put everything into β."""
+    b = coefficients(formula, world_size)[1]
+    beta = statistics.median(t / (b * n) for n, t in samples if n > 0)
+    return Calibration(0.0, beta), "this run's buckets all have one size: bandwidth only (alpha 0)"
+
+
+def from_bench(records: Iterable[Mapping]) -> Network:
+    """A fit per algorithm of ``bench --json`` records (the largest world size they cover)."""
+    records = [r for r in records if r.get("time_us", 0) > 0]
+    if not records:
+        raise ValueError("the network file holds no timed records; write one with `ddp-ring-hooks bench --json FILE`")
+    world_size = max(Counter(r["world_size"] for r in records))
+    by_algorithm: dict[str, list[tuple[int, float]]] = {}
+    for r in records:
+        if r["world_size"] == world_size:
+            by_algorithm.setdefault(r["algorithm"], []).append((r["nbytes"], r["time_us"] * 1e-6))
+    calibrations = {}
+    for algorithm, samples in by_algorithm.items():
+        if algorithm == "auto" or (algorithm not in ALGORITHMS and algorithm != NATIVE):
+            continue
+        try:
+            calibrations[algorithm] = fit(samples, algorithm=formula_of(algorithm), world_size=world_size)
+        except ValueError:
+            continue  # one size only: this algorithm falls back to the shared fit
+    shared = [(n, t) for samples in by_algorithm.values() for n, t in samples]
+    calibrations[ANY] = calibrations.get("ring") or fit(shared, algorithm="ring", world_size=world_size)
+    return Network(calibrations, f"bench records at {world_size} ranks, fitted per algorithm")
+
+
+def from_latency_bandwidth(*, latency_s: float, bandwidth_Bps: float) -> Network:
+    """The same α (seconds per message) and β = 1 / bandwidth for every algorithm."""
+    if latency_s < 0 or bandwidth_Bps <= 0:
+        raise ValueError(f"latency must be >= 0 and bandwidth > 0, got {latency_s} s and {bandwidth_Bps} B/s")
+    return Network({ANY: Calibration(latency_s, 1.0 / bandwidth_Bps)},
+                   f"given: latency {latency_s * 1e6:g} us, bandwidth {bandwidth_Bps / 1e9:g} GB/s")

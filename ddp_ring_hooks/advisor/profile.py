@@ -1,0 +1,161 @@
+"""One run, summarized: the medians the step model starts from (pure; reads timeline records).
+
+The records are what :class:`~ddp_ring_hooks.telemetry.timeline.Timeline` writes (a ``run``
+line, then one ``step`` line per optimizer step). Step 1 is left out: DDP reduces one big
+bucket then and rebuilds its buckets after it. So are steps whose bucket count differs from
+the others (a rebuild, an error). Medians, not means: on a shared machine a few disturbed
+steps move the mean but not the median.
+
+How a step splits (``k`` micro-batches, the last one synchronizes)::
+
+    step_ms = (k-1)·micro + forward + backward + exposed + optimizer + rest
+                                       └ includes contention: communication threads running
+                                         "hidden" behind backward take CPU from it
+
+    clean micro-batch = forward + (backward - contention) + rest
+
+- ``rest``: what is left of the step (data loading, DDP's finalize, the training loop).
+- ``contention``: when the run had ``k > 1``, the synchronizing micro-batch's extra time over
+  a ``no_sync`` one, measured. With ``k = 1`` it is estimated from the CPU time the other
+  threads used during that micro-batch, times the share of it that had no core of its own:
+  ``oversubscribed = clamp(1 - spare cores per rank / lanes, 0, 1)``.
+
+CPU (gloo) runs only: on CUDA the hook and backward only enqueue work, so the host clocks of
+the timeline would time launches, not compute or communication (a clear error says so).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .lanes import busy_ms
+
+
+@dataclass(frozen=True)
+class BucketProfile:
+    """One bucket of the rebuilt layout: bytes, hand-over time (ms into backward), its
+    measured all-reduce time and the CPU time its worker spent on it (medians)."""
+
+    nbytes: int
+    ready_ms: float
+    comm_ms: float
+    cpu_ms: float
+
+
+@dataclass(frozen=True)
+class RunProfile:
+    """The run as the step model sees it (times in ms, medians over the measured steps)."""
+
+    world_size: int
+    algorithm: str
+    lanes: int
+    bucket_cap_bytes: int
+    first_bucket_bytes: int
+    param_bytes: tuple[int, ...]
+    param_dtypes: tuple[str, ...]
+    device: str
+    local_world_size: int
+    steps: int
+    accumulate: int
+    step_ms: float
+    forward_ms: float
+    backward_ms: float
+    exposed_ms: float
+    optimizer_ms: float
+    rest_ms: float
+    comm_ms: float
+    hidden_ms: float
+    contention_ms: float
+    contention_source: str
+    buckets: tuple[BucketProfile, ...]
+
+    @property
+    def clean_micro_ms(self) -> float:
+        """One micro-batch without communication: forward, backward without contention, rest."""
+        return self.forward_ms + self.backward_ms - self.contention_ms + self.rest_ms
+
+    @property
+    def bucket_cap_mb(self) -> float:
+        return self.bucket_cap_bytes / (1 << 20)
+
+    @property
+    def default_bucket_cap(self) -> bool:
+        """Whether DDP ran with its default cap (25 MiB with a small first bucket)."""
+        return self.first_bucket_bytes < self.bucket_cap_bytes
+
+
+def oversubscribed(run: dict) -> float:
+    """Share of the communication threads' CPU time that takes a core from backward."""
+    cores_per_rank = run["cpu_count"] / max(1, run["local_world_size"])
+    spare = cores_per_rank - run["torch_threads"]
+    return min(1.0, max(0.0, 1.0 - spare / max(1, run["concurrent_buckets"])))
+
+
+def profile_run(records: Sequence[dict]) -> RunProfile:
+    """Summarize timeline ``records`` (the ``run`` line first) into a :class:`RunProfile`."""
+    if not records or records[0].get("type") != "run":
+        raise ValueError("a timeline starts with its 'run' record; is this a timeline.jsonl from ddp_ring_hooks?")
+    run, steps = records[0], [r for r in records[1:] if r.get("type") == "step"]
+    if run.get("device", "cpu") != "cpu":
+        raise ValueError(
+            f"this timeline was recorded on {run['device']}: there the hook and backward only enqueue work, "
+            "so host clocks do not time compute or communication; the advisor reads CPU (gloo) runs for now"
+        )
+    steps = _measured(steps)
+    k = Counter(s["micro_batches"] for s in steps).most_common(1)[0][0]
+    steps = [s for s in steps if s["micro_batches"] == k]
+
+    def median(name: str) -> float:
+        return statistics.median(s[name] for s in steps)
+
+    step_ms, forward, backward = median("step_ms"), median("forward_ms"), median("backward_ms")
+    exposed, optimizer = median("exposed_ms"), median("optimizer_ms")
+    count = len(steps[0]["buckets"])
+    buckets = tuple(
+        BucketProfile(
+            nbytes=int(statistics.median(s["buckets"][i]["nbytes"] for s in steps)),
+            ready_ms=statistics.median(s["buckets"][i]["ready_ms"] for s in steps),
+            comm_ms=statistics.median(s["buckets"][i]["end_ms"] - s["buckets"][i]["start_ms"] for s in steps),
+            cpu_ms=statistics.median(s["buckets"][i]["cpu_ms"] for s in steps),
+        )
+        for i in range(count)
+    )
+    intervals = [[(b["start_ms"], b["end_ms"]) for b in s["buckets"]] for s in steps]
+    comm = statistics.median(busy_ms(i) for i in intervals)
+    hidden = statistics.median(busy_ms(i, until=s["backward_ms"]) for i, s in zip(intervals, steps))
+    if k > 1:
+        micro = statistics.median(m for s in steps for m in s["nosync_micro_ms"])
+        rest = step_ms - (k - 1) * micro - (forward + backward + exposed + optimizer)
+        contention = max(0.0, min(backward, forward + backward + rest - micro))
+        source = "measured: the synchronizing micro-batch minus a no_sync one"
+    else:
+        rest = step_ms - (forward + backward + exposed + optimizer)
+        share = oversubscribed(run)
+        contention = min(backward, share * median("sync_other_cpu_ms"))
+        source = (f"estimated: {share:.0%} of the other threads' CPU time during backward "
+                  f"({run['cpu_count']} cores, {run['local_world_size']} ranks here, "
+                  f"{run['torch_threads']} compute thread(s) and {run['concurrent_buckets']} lanes each)")
+    return RunProfile(
+        world_size=run["world_size"], algorithm=run["algorithm"], lanes=run["concurrent_buckets"],
+        bucket_cap_bytes=run["bucket_cap_bytes"], first_bucket_bytes=run["first_bucket_bytes"],
+        param_bytes=tuple(run["param_bytes"]), param_dtypes=tuple(run["param_dtypes"]), device=run["device"],
+        local_world_size=run["local_world_size"],
+        steps=len(steps), accumulate=k, step_ms=step_ms, forward_ms=forward, backward_ms=backward,
+        exposed_ms=exposed, optimizer_ms=optimizer, rest_ms=rest, comm_ms=comm, hidden_ms=hidden,
+        contention_ms=contention, contention_source=source, buckets=buckets,
+    )
+
+
+def _measured(steps: list[dict]) -> list[dict]:
+    """Steps after the first, with the usual bucket count."""
+    later = steps[1:]
+    if not later:
+        raise ValueError(
+            f"the timeline holds {len(steps)} optimizer step(s); the advisor needs at least 2 (step 1 "
+            "runs DDP's provisional single bucket): train a few more steps"
+        )
+    usual = Counter(len(s["buckets"]) for s in later).most_common(1)[0][0]
+    return [s for s in later if len(s["buckets"]) == usual]

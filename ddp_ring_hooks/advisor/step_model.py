@@ -1,0 +1,172 @@
+"""One optimizer step of DDP, predicted for another setting (pure arithmetic on a RunProfile).
+
+::
+
+    step = k · clean micro-batch  +  contention  +  exposed  +  optimizer
+
+1. **Buckets.** The run's own buckets when the setting keeps its bucket limits; otherwise
+   DDP's rules (:mod:`.bucketing`) repack the parameters, and each new bucket is ready when
+   the gradient-ready curve (:mod:`.ready_curve`) reaches its last byte.
+2. **Costs.** Each bucket's all-reduce from the :class:`~.network.Network` (α-β, per algorithm
+   and world size).
+3. **Lanes.** The buckets queue through the lanes (:mod:`.lanes`): communication, the part
+   hidden behind backward, and the exposed part after it.
+4. **Contention.** On CPU, hidden communication still costs backward time: the communication
+   threads copy and add bytes on the same cores. The run measured it (:mod:`.profile`); it is
+   taken to grow with the bytes moved while backward runs (``bytes_factor · bucket bytes``,
+   for each bucket the share of its transfer that overlaps backward). Backward stretches by
+   it, which moves the hand-over times: two rounds of lanes settle it.
+5. **Calibrated on the run.** The model of the run's own setting is compared with what the
+   run measured; the difference (the exposed time the α-β queue does not explain: hook
+   start-up, waiting for the slower rank) is added to every prediction, so the run's own
+   setting is predicted exactly and the others move by what the model says changes.
+
+Samples per step grow as ``k · p``: the effective batch grows with accumulation ``k``
+(that changes the optimization) and with the world size ``p``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .bucketing import bucket_limits, rebuilt_bucket_bytes
+from .lanes import run_lanes
+from .network import Network, bytes_factor
+from .profile import RunProfile
+from .ready_curve import ReadyCurve
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the user can change. ``bucket_cap_mb=None``: DDP's default (25 MiB, small first bucket)."""
+
+    bucket_cap_mb: float | None
+    accumulate: int
+    algorithm: str
+    world_size: int
+    local_size: int | None = None  # hierarchical: ranks per node
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One optimizer step in a setting (ms) and its samples relative to the run's."""
+
+    step_ms: float
+    comm_ms: float
+    exposed_ms: float
+    contention_ms: float
+    buckets: int
+    samples_per_step: int  # accumulate · world size (micro-batches of all ranks)
+
+
+def run_setting(profile: RunProfile) -> Setting:
+    """The setting the run itself used."""
+    return Setting(
+        bucket_cap_mb=None if profile.default_bucket_cap else profile.bucket_cap_mb,
+        accumulate=profile.accumulate, algorithm=profile.algorithm, world_size=profile.world_size,
+        local_size=profile.local_world_size,
+    )
+
+
+@dataclass(frozen=True)
+class _Raw:
+    step_ms: float
+    comm_ms: float
+    exposed_ms: float
+    contention_ms: float
+    buckets: int
+
+
+def _layout(profile: RunProfile, setting: Setting) -> tuple[list[float], list[float]]:
+    """Bucket bytes and clean ready times (ms into a backward without contention)."""
+    stretch = 1.0 - profile.contention_ms / profile.backward_ms if profile.backward_ms > 0 else 1.0
+    ready = [b.ready_ms * stretch for b in profile.buckets]
+    sizes = [float(b.nbytes) for b in profile.buckets]
+    run_limits = (profile.first_bucket_bytes, profile.bucket_cap_bytes) if profile.default_bucket_cap else (profile.bucket_cap_bytes,)
+    limits = bucket_limits(bucket_cap_mb=setting.bucket_cap_mb)
+    if limits == run_limits:
+        return sizes, ready
+    new_sizes = rebuilt_bucket_bytes(profile.param_bytes, limits, dtypes=profile.param_dtypes)
+    return [float(n) for n in new_sizes], ReadyCurve.from_buckets(ready, sizes).ready_times(new_sizes)
+
+
+def _hidden_bytes(sizes, starts, ends, backward_ms: float) -> float:
+    """Bucket bytes weighted by the share of each transfer that overlaps backward."""
+    total = 0.0
+    for n, start, end in zip(sizes, starts, ends):
+        if end <= start:
+            continue
+        total += n * min(1.0, max(0.0, (min(end, backward_ms) - start) / (end - start)))
+    return total
+
+
+def _options(setting: Setting) -> dict:
+    return {"local_size": setting.local_size} if setting.algorithm == "hierarchical" else {}
+
+
+def _model(profile: RunProfile, network: Network, setting: Setting, contention_per_byte: float) -> _Raw:
+    sizes, ready = _layout(profile, setting)
+    options = _options(setting)
+    costs = [network.cost_ms(setting.algorithm, n, setting.world_size, **options) for n in sizes]
+    factor = bytes_factor(setting.algorithm, setting.world_size, **options)
+    clean_backward = profile.backward_ms - profile.contention_ms
+    contention = profile.contention_ms
+    for _ in range(3):  # contention stretches backward, which moves the hand-overs
+        backward = clean_backward + contention
+        scale = backward / clean_backward if clean_backward > 0 else 1.0
+        lanes = run_lanes([r * scale for r in ready], costs, lanes=profile.lanes, backward_ms=backward)
+        contention = contention_per_byte * factor * _hidden_bytes(sizes, lanes.starts, lanes.ends, backward)
+    backward = clean_backward + contention
+    scale = backward / clean_backward if clean_backward > 0 else 1.0
+    lanes = run_lanes([r * scale for r in ready], costs, lanes=profile.lanes, backward_ms=backward)
+    step = setting.accumulate * profile.clean_micro_ms + contention + lanes.exposed_ms + profile.optimizer_ms
+    return _Raw(step, lanes.comm_ms, lanes.exposed_ms, contention, len(sizes))
+
+
+def contention_per_byte(profile: RunProfile, network: Network) -> float:
+    """The run's contention per byte moved behind backward (ms per byte), in the run's own lanes."""
+    setting = run_setting(profile)
+    sizes = [b.nbytes for b in profile.buckets]
+    options = _options(setting)
+    costs = [network.cost_ms(setting.algorithm, n, setting.world_size, **options) for n in sizes]
+    lanes = run_lanes([b.ready_ms for b in profile.buckets], costs, lanes=profile.lanes, backward_ms=profile.backward_ms)
+    moved = bytes_factor(setting.algorithm, setting.world_size, **options) * _hidden_bytes(
+        sizes, lanes.starts, lanes.ends, profile.backward_ms)
+    return profile.contention_ms / moved if moved > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """The step model of one run, calibrated on it; :meth:`predict` any setting.
+
+    ``run_network`` is fitted to the run's buckets (it calibrates contention and the offset);
+    ``network`` costs the predictions (the run's, or a target cluster's).
+    """
+
+    profile: RunProfile
+    run_network: Network
+    network: Network
+
+    def predict(self, setting: Setting) -> Prediction:
+        """The predicted step of ``setting`` (see the module docstring)."""
+        per_byte = contention_per_byte(self.profile, self.run_network)
+        here = _model(self.profile, self.run_network, run_setting(self.profile), per_byte)
+        raw = _model(self.profile, self.network, setting, per_byte)
+        exposed = max(0.0, raw.exposed_ms + (self.profile.exposed_ms - here.exposed_ms))
+        step = raw.step_ms - raw.exposed_ms + exposed
+        comm = raw.comm_ms
+        if self.network.from_this_run and here.comm_ms > 0:
+            comm *= self.profile.comm_ms / here.comm_ms  # the run's own queue, as measured
+        return Prediction(
+            step_ms=step, comm_ms=comm, exposed_ms=exposed, contention_ms=raw.contention_ms,
+            buckets=raw.buckets, samples_per_step=setting.accumulate * setting.world_size,
+        )
+
+    def speedup(self, setting: Setting) -> float:
+        """Samples per second of ``setting`` relative to the run (measured)."""
+        prediction = self.predict(setting)
+        p = self.profile
+        return (prediction.samples_per_step / prediction.step_ms) / (p.accumulate * p.world_size / p.step_ms)
+
+    def with_network(self, network: Network) -> StepModel:
+        return replace(self, network=network)

@@ -1,0 +1,68 @@
+"""``ddp-ring-hooks advise LOG_DIR``: what to change, predicted from one run's timeline.
+
+Reads ``LOG_DIR/timeline.jsonl`` (written by ``register(model, log_dir=LOG_DIR)`` or
+``RingDDPStrategy(log_dir=LOG_DIR)``) and prints what-if tables (bucket_cap_mb,
+accumulation, algorithm, world size) and the one change with the largest predicted gain::
+
+    ddp-ring-hooks advise runs/ring                                   # this run's network
+    ddp-ring-hooks advise runs/ring --network bench.json              # `bench --json` of the target cluster
+    ddp-ring-hooks advise runs/ring --latency 5us --bandwidth 25GB/s  # or two numbers
+    ddp-ring-hooks advise runs/ring --json                            # the stable JSON shape
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..advisor import advise, format_advice, from_bench, from_latency_bandwidth
+from ..telemetry.timeline import read_timeline
+from . import fail
+from .model import parse_bandwidth, parse_time
+
+
+def add_parser(subparsers) -> None:
+    """Add ``advise`` to the CLI."""
+    parser = subparsers.add_parser(
+        "advise",
+        help="what to change (bucket size, accumulation, algorithm, world size), predicted from a run's log_dir",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("log_dir", metavar="LOG_DIR", help="the run's log_dir (holds timeline.jsonl), or the file itself")
+    parser.add_argument("--network", metavar="FILE", help="`ddp-ring-hooks bench --json` output from the target cluster")
+    parser.add_argument("--latency", help="per-message latency of the target network, e.g. 5us (with --bandwidth)")
+    parser.add_argument("--bandwidth", help="link bandwidth of the target network, e.g. 25GB/s (with --latency)")
+    parser.add_argument("--json", action="store_true", help="print the advice as JSON (the stable shape)")
+    parser.set_defaults(func=run)
+
+
+def network_from_args(args: argparse.Namespace):
+    """The network the predictions are costed on (None: the run's own buckets)."""
+    if args.network and (args.latency or args.bandwidth):
+        raise ValueError("give either --network FILE or --latency/--bandwidth, not both")
+    if args.network:
+        try:
+            with open(args.network, encoding="utf-8") as file:
+                records = json.load(file)
+        except (OSError, json.JSONDecodeError) as error:
+            raise ValueError(f"cannot read the network file {args.network}: {error}; "
+                             "write it with `ddp-ring-hooks bench --json FILE`") from error
+        if not isinstance(records, list) or not all(isinstance(r, dict) and {"algorithm", "world_size", "nbytes", "time_us"} <= r.keys() for r in records):
+            raise ValueError(f"{args.network} is not `ddp-ring-hooks bench --json` output (a list of records "
+                             "with algorithm, world_size, nbytes, time_us)")
+        return from_bench(records)
+    if bool(args.latency) != bool(args.bandwidth):
+        raise ValueError("--latency and --bandwidth go together, e.g. --latency 5us --bandwidth 25GB/s")
+    if args.latency:
+        return from_latency_bandwidth(latency_s=parse_time(args.latency), bandwidth_Bps=parse_bandwidth(args.bandwidth))
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the advice; 0, or 2 with a message when the input cannot be used."""
+    try:
+        advice = advise(read_timeline(args.log_dir), network=network_from_args(args))
+    except (ValueError, FileNotFoundError) as error:
+        return fail("advise", str(error))
+    print(json.dumps(advice, indent=1) if args.json else format_advice(advice))
+    return 0

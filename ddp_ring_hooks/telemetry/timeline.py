@@ -1,0 +1,359 @@
+"""``Timeline``: what a prediction of another setting needs, recorded per optimizer step.
+
+The per-bucket telemetry (:mod:`.recorder`) says how long each all-reduce took. To predict a
+step with another bucket size, accumulation or algorithm, the advisor
+(:mod:`ddp_ring_hooks.advisor`) also needs the *compute* around it::
+
+    step n                                                            step n+1
+    |- micro 1 (no_sync) -|- micro 2 (no_sync) -|- micro 3 (sync) ------------------|-
+    fwd bwd               fwd bwd               fwd | bwd              | opt  rest  fwd
+                                                    ^ backward starts  ^ last bucket handed
+                                                    |  b0 b1 b2 handed: ready_ms  |
+                                                    |  [== b0 ==] [== b1 ==]      | exposed
+                                                    |       lane 0 / lane 1 ... ->|
+
+- **step boundaries**: a forward pre-hook on the DDP module; a micro-batch is a forward with
+  grad enabled, a step ends after the micro-batch that ran with gradient sync on (DDP's
+  ``require_backward_grad_sync``; ``no_sync()`` turns it off);
+- **backward start**: a gradient hook on the forward's first output that requires grad;
+- **buckets**: bytes, when each was handed over (relative to backward start), when its
+  communication started and ended, and the CPU time its worker thread spent on it
+  (``time.thread_time`` on the worker: on CPU, communication "hidden" behind backward still
+  takes cores from it);
+- **the other threads' CPU time** during the synchronizing micro-batch (``process_time`` minus
+  the training thread's ``thread_time``): every byte the communication copies or adds there;
+- **optimizer time**: PyTorch's global optimizer step pre/post hooks (the part after the last
+  bucket: Lightning runs the micro-batch inside ``optimizer.step(closure)``);
+- **the run**: world size, algorithm, lanes, DDP's bucket cap and first-bucket cap, every
+  parameter's gradient bytes in registration order, cores and threads.
+
+Each finished step is one JSON line in ``log_dir/timeline.jsonl`` (rank 0; the first line
+describes the run; the first ``FILE_STEPS`` steps, then one in ``THIN_EVERY``, so a long run
+leaves a small file) and stays in memory (the last ``keep`` steps): advice works offline from
+``log_dir`` and live from ``state.advise()``. Cost: a few clock reads per micro-batch and
+bucket, and one short line written per step.
+
+Telemetry never imports ``hooks`` or ``advisor``: the hook state feeds this, the advisor reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import weakref
+from collections import deque
+
+import torch
+import torch.distributed as dist
+from torch.utils._pytree import tree_leaves
+
+from ..runtime.observer import NULL_OBSERVER, ExecutionObserver
+
+TIMELINE_FILE = "timeline.jsonl"
+#: Steps written to the file: all of the first FILE_STEPS, then one in THIN_EVERY.
+FILE_STEPS, THIN_EVERY = 1000, 100
+
+
+def _now_ms() -> float:
+    return time.perf_counter() * 1e3
+
+
+class _BucketMarks(ExecutionObserver):
+    """One bucket: handed over (hook thread), communication start and end (worker thread)."""
+
+    __slots__ = ("index", "nbytes", "handed", "start", "end", "cpu_start", "cpu_ms")
+
+    def __init__(self, index: int, nbytes: int) -> None:
+        self.index, self.nbytes = index, nbytes
+        self.handed = _now_ms()
+        self.start: float | None = None
+        self.end: float | None = None
+        self.cpu_start = 0.0
+        self.cpu_ms = 0.0
+
+    def on_phase(self, phase: str) -> None:
+        if self.start is None:  # the first phase starts the communication
+            self.start = _now_ms()
+            self.cpu_start = time.thread_time()
+
+    def on_finish(self) -> None:
+        self.end = _now_ms()
+        if self.start is None:  # an executor without phases (native): timed from the hand-over
+            self.start = self.handed
+        else:
+            self.cpu_ms = (time.thread_time() - self.cpu_start) * 1e3
+
+
+class _Step:
+    """The marks of one optimizer step while it runs."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.micro_starts: list[float] = []
+        self.nosync_other_cpu_ms: list[float] = []
+        self.sync_start: float | None = None
+        self.backward_start: float | None = None
+        self.buckets: list[_BucketMarks] = []
+        self.last_handed: float | None = None
+        self.sync_other_cpu_ms = 0.0
+        self.optimizer_ms = 0.0
+        self._cpu_mark = (0.0, 0.0)
+
+    def cpu_mark(self) -> None:
+        self._cpu_mark = (time.process_time(), time.thread_time())
+
+    def other_cpu_ms(self) -> float:
+        """CPU ms of every thread but this one since the last :meth:`cpu_mark`."""
+        process, thread = self._cpu_mark
+        return max(0.0, ((time.process_time() - process) - (time.thread_time() - thread)) * 1e3)
+
+
+class Timeline:
+    """Step, micro-batch and bucket marks of one DDP model, for the advisor.
+
+    Built by :class:`~ddp_ring_hooks.HookState`; :func:`~ddp_ring_hooks.register` (and the
+    Lightning strategy) call :meth:`attach` with the DDP model, which starts the recording.
+    A state attached to DDP by hand (``register_comm_hook``) records nothing here.
+
+    Args:
+        log_dir: also write ``log_dir/timeline.jsonl`` (rank 0).
+        keep: finished steps kept in memory (the oldest are forgotten): a few KB each.
+    """
+
+    def __init__(self, *, log_dir: str | os.PathLike | None = None, keep: int = 256) -> None:
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.keep = keep
+        self._reset()
+
+    def _reset(self) -> None:
+        self.run: dict | None = None
+        self.steps: deque[dict] = deque(maxlen=self.keep)
+        self._step: _Step | None = None
+        self._synced = False  # the open step's synchronizing micro-batch has run
+        self._micro_sync = False
+        self._file = None
+        self._lock = threading.Lock()
+        self._handles: list = []
+        self.closed = False
+
+    @property
+    def attached(self) -> bool:
+        """Whether a DDP model feeds this timeline."""
+        return self.run is not None
+
+    # -- wiring ---------------------------------------------------------------------------
+
+    def attach(self, ddp_model, *, algorithm: str, concurrent_buckets: int, group=None) -> None:
+        """Describe the run and hook the model's forward (call once per DDP model)."""
+        self.run = describe_run(ddp_model, algorithm=algorithm, concurrent_buckets=concurrent_buckets, group=group)
+        self._handles = [
+            ddp_model.register_forward_pre_hook(self._before_forward),
+            ddp_model.register_forward_hook(self._after_forward),
+        ]
+        _OPTIMIZER_CLOCK.add(self)
+        if self.log_dir is not None and self.run["rank"] == 0:
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._file = open(os.path.join(self.log_dir, TIMELINE_FILE), "w", encoding="utf-8")  # noqa: SIM115
+            self._write(self.run)
+
+    def observe_bucket(self, buffer: torch.Tensor, *, index: int, is_last: bool) -> ExecutionObserver:
+        """Marks for bucket ``index``, which DDP just handed over (hook thread)."""
+        step = self._step
+        if step is None or not self._micro_sync:
+            return NULL_OBSERVER
+        marks = _BucketMarks(index, buffer.numel() * buffer.element_size())
+        step.buckets.append(marks)
+        if is_last:
+            step.last_handed = marks.handed
+            step.sync_other_cpu_ms = step.other_cpu_ms()
+            self._synced = True
+        return marks
+
+    def _before_forward(self, module, args) -> None:
+        if not torch.is_grad_enabled():  # validation, inference: not a training micro-batch
+            return
+        now = _now_ms()
+        if self._step is not None and self._synced:
+            self._finish(self._step, end=now)
+            self._step = None
+        if self._step is None:
+            self._step, self._synced = _Step(now), False
+        step = self._step
+        if step.micro_starts and step.sync_start is None:  # the previous micro-batch had no sync
+            step.nosync_other_cpu_ms.append(step.other_cpu_ms())
+        step.micro_starts.append(now)
+        self._micro_sync = bool(getattr(module, "require_backward_grad_sync", True))
+        if self._micro_sync:
+            step.sync_start = now
+        step.cpu_mark()
+
+    def _after_forward(self, module, args, output) -> None:
+        step = self._step
+        if step is None or not self._micro_sync or not torch.is_grad_enabled():
+            return
+        first = next((t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad), None)
+        if first is None:
+            step.backward_start = _now_ms()
+            return
+
+        def started(grad):  # the first gradient to reach the forward's output
+            if step.backward_start is None:
+                step.backward_start = _now_ms()
+
+        first.register_hook(started)
+
+    def optimizer_span(self, start: float, end: float) -> None:
+        """An ``optimizer.step()`` ran from ``start`` to ``end`` (ms; the optimizer clock calls
+        this). Lightning calls ``step(closure)`` and the closure runs the synchronizing
+        micro-batch inside it, so only the part after that micro-batch's last bucket counts."""
+        step = self._step
+        if step is None or not self._synced:
+            return
+        begin = max([start, *(b.end for b in step.buckets if b.end is not None)])
+        step.optimizer_ms += max(0.0, end - begin)
+
+    # -- finished steps --------------------------------------------------------------------
+
+    def _finish(self, step: _Step, *, end: float) -> None:
+        if not step.buckets or any(b.end is None for b in step.buckets):
+            return  # a step whose buckets never all finished (an error): nothing to learn
+        backward_start = step.backward_start if step.backward_start is not None else step.sync_start
+        micro = [b - a for a, b in zip(step.micro_starts, step.micro_starts[1:])]
+        record = {
+            "type": "step",
+            "step": len(self.steps) + 1 if not self.steps else self.steps[-1]["step"] + 1,
+            "micro_batches": len(step.micro_starts),
+            "step_ms": end - step.start,
+            "nosync_micro_ms": micro,
+            "nosync_other_cpu_ms": step.nosync_other_cpu_ms,
+            "forward_ms": backward_start - step.sync_start,
+            "backward_ms": step.last_handed - backward_start,
+            "exposed_ms": max(b.end for b in step.buckets) - step.last_handed,
+            "optimizer_ms": step.optimizer_ms,
+            "tail_ms": end - max(b.end for b in step.buckets),
+            "sync_other_cpu_ms": step.sync_other_cpu_ms,
+            "buckets": [
+                {
+                    "index": b.index,
+                    "nbytes": b.nbytes,
+                    "ready_ms": b.handed - backward_start,
+                    "start_ms": b.start - backward_start,
+                    "end_ms": b.end - backward_start,
+                    "cpu_ms": b.cpu_ms,
+                }
+                for b in step.buckets
+            ],
+        }
+        self.steps.append(record)
+        if record["step"] <= FILE_STEPS or record["step"] % THIN_EVERY == 0:
+            self._write(record)
+
+    def _write(self, record: dict) -> None:
+        if self._file is not None:
+            with self._lock:
+                self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def records(self) -> list[dict]:
+        """The run description followed by the finished steps (what ``timeline.jsonl`` holds)."""
+        if self.run is None:
+            raise ValueError(
+                "no timeline was recorded: attach the hook with ddp_ring_hooks.register(model, ...) "
+                "(or the Lightning strategy), not model.register_comm_hook, and train a few steps"
+            )
+        return [self.run, *self.steps]
+
+    def close(self) -> None:
+        """Stop recording and close the file (the in-memory steps stay). Safe to call twice."""
+        self.closed = True
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        _OPTIMIZER_CLOCK.discard(self)
+        if self._file is not None:
+            with self._lock:
+                self._file.close()
+                self._file = None
+
+    # -- pickling: options only --------------------------------------------------------------
+
+    def __getstate__(self) -> dict:
+        return {"log_dir": self.log_dir, "keep": self.keep}
+
+    def __setstate__(self, state: dict) -> None:
+        self.log_dir, self.keep = state["log_dir"], state["keep"]
+        self._reset()
+
+
+def read_timeline(path: str | os.PathLike) -> list[dict]:
+    """The records of a ``timeline.jsonl`` (a file, or the ``log_dir`` that holds one)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, TIMELINE_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"no {TIMELINE_FILE} at {path}; train with ddp_ring_hooks.register(model, log_dir=DIR) "
+            "(or RingDDPStrategy(log_dir=DIR)) and pass that DIR"
+        )
+    with open(path, encoding="utf-8") as file:
+        return [json.loads(line) for line in file if line.strip()]
+
+
+def describe_run(ddp_model, *, algorithm: str, concurrent_buckets: int, group=None) -> dict:
+    """The first timeline record: what does not change from step to step."""
+    config = getattr(ddp_model, "_bucket_config", None)  # torch >= 2.10
+    cap = int(getattr(config, "bucket_bytes_cap", ddp_model.bucket_bytes_cap))
+    first = int(getattr(config, "first_bucket_bytes_cap", dist._DEFAULT_FIRST_BUCKET_BYTES))
+    params = [p for p in ddp_model.module.parameters() if p.requires_grad]
+    group = group or ddp_model.process_group
+    return {
+        "type": "run",
+        "world_size": dist.get_world_size(group),
+        "rank": dist.get_rank(),
+        "algorithm": algorithm,
+        "concurrent_buckets": concurrent_buckets,
+        "bucket_cap_bytes": cap,
+        "first_bucket_bytes": first,
+        "param_bytes": [p.numel() * p.element_size() for p in params],
+        "param_dtypes": [str(p.dtype).removeprefix("torch.") for p in params],
+        "device": params[0].device.type if params else "cpu",
+        "cpu_count": os.cpu_count() or 1,
+        "torch_threads": torch.get_num_threads(),
+        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(group))),
+    }
+
+
+class _OptimizerClock:
+    """PyTorch's global optimizer-step hooks, timing every ``optimizer.step()`` once for all
+    timelines of this process (registered on first use, removed when none is left)."""
+
+    def __init__(self) -> None:
+        self._timelines: weakref.WeakSet[Timeline] = weakref.WeakSet()
+        self._handles: tuple = ()
+        self._started = 0.0
+
+    def add(self, timeline: Timeline) -> None:
+        self._timelines.add(timeline)
+        if not self._handles:
+            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+            self._handles = (register_optimizer_step_pre_hook(self._pre), register_optimizer_step_post_hook(self._post))
+
+    def discard(self, timeline: Timeline) -> None:
+        self._timelines.discard(timeline)
+        if not self._timelines and self._handles:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = ()
+
+    def _pre(self, optimizer, args, kwargs) -> None:
+        self._started = _now_ms()
+
+    def _post(self, optimizer, args, kwargs) -> None:
+        end = _now_ms()
+        for timeline in list(self._timelines):
+            timeline.optimizer_span(self._started, end)
+
+
+_OPTIMIZER_CLOCK = _OptimizerClock()

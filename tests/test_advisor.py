@@ -1,0 +1,378 @@
+"""The advisor: the step model's closed cases on synthetic timelines (pure, no ranks), DDP's
+bucketing rules against a real DDP model's buckets on 2 gloo ranks, and the whole path: 2 ranks
+train with a log_dir, then ``advise --json`` reads it and the ``comm/advice`` panel is there."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ddp_ring_hooks.advisor import (
+    Setting,
+    advise,
+    from_bench,
+    from_latency_bandwidth,
+    profile_run,
+    run_setting,
+    step_model,
+)
+from ddp_ring_hooks.advisor.bucketing import MIB, assign_buckets, bucket_limits, rebuilt_bucket_bytes
+from ddp_ring_hooks.advisor.lanes import run_lanes
+from ddp_ring_hooks.advisor.ready_curve import ReadyCurve
+
+from ._dist import run_ranks
+
+ALPHA_MS, BETA_MS = 0.1, 1e-6  # 100 us per message, 1 GB/s
+
+
+def ring_ms(nbytes: float, alpha: float = ALPHA_MS, beta: float = BETA_MS) -> float:
+    """Ring all-reduce on 2 ranks: 2 messages, n bytes sent per rank."""
+    return 2 * alpha + nbytes * beta
+
+
+def timeline(*, ready, lanes=1, k=1, forward=10.0, backward=20.0, optimizer=1.0, rest=2.0, micro=None,
+             other_cpu=0.0, cpu_count=64, steps=4):
+    """Timeline records of a run whose buckets take exactly the α-β ring time.
+
+    Parameters (registration order) are [3 MiB, 1 MiB]: with DDP's default limits the rebuilt
+    buckets are [1 MiB, 3 MiB] (the last parameter first, the 1 MiB first bucket closes).
+    """
+    sizes = [1 * MIB, 3 * MIB]
+    free, buckets = [float("-inf")] * lanes, []
+    for i, (n, r) in enumerate(zip(sizes, ready)):
+        start = max(r, free[i % lanes])
+        end = free[i % lanes] = start + ring_ms(n)
+        buckets.append({"index": i, "nbytes": n, "ready_ms": r, "start_ms": start, "end_ms": end, "cpu_ms": 0.0})
+    exposed = max(b["end_ms"] for b in buckets) - backward
+    step_ms = (k - 1) * (micro or 0.0) + forward + backward + exposed + optimizer + rest
+    run = {
+        "type": "run", "world_size": 2, "rank": 0, "algorithm": "ring", "concurrent_buckets": lanes,
+        "bucket_cap_bytes": 25 * MIB, "first_bucket_bytes": MIB, "param_bytes": [3 * MIB, MIB],
+        "param_dtypes": ["float32", "float32"], "device": "cpu", "cpu_count": cpu_count, "torch_threads": 1,
+        "local_world_size": 2,
+    }
+    step = {
+        "type": "step", "micro_batches": k, "step_ms": step_ms, "nosync_micro_ms": [micro] * (k - 1) if micro else [],
+        "nosync_other_cpu_ms": [], "forward_ms": forward, "backward_ms": backward, "exposed_ms": exposed,
+        "optimizer_ms": optimizer, "tail_ms": rest, "sync_other_cpu_ms": other_cpu, "buckets": buckets,
+    }
+    return [run, *({**step, "step": i + 1} for i in range(steps))]
+
+
+# -- closed cases of the simulation ----------------------------------------------------------------
+
+
+def test_nothing_to_overlap_exposes_every_bucket():
+    """Buckets ready only when backward ends, one lane: all communication is exposed, on the
+    run's network and on a given one."""
+    records = timeline(ready=[20.0, 20.0])
+    model = step_model(records)
+    assert model.profile.exposed_ms == pytest.approx(ring_ms(MIB) + ring_ms(3 * MIB))
+    assert model.predict(run_setting(model.profile)).step_ms == pytest.approx(model.profile.step_ms)
+    faster = from_latency_bandwidth(latency_s=5e-6, bandwidth_Bps=10e9)
+    prediction = model.with_network(faster).predict(run_setting(model.profile))
+    expected = ring_ms(MIB, 5e-3, 1e-7) + ring_ms(3 * MIB, 5e-3, 1e-7)
+    assert prediction.exposed_ms == pytest.approx(expected)
+    assert prediction.step_ms == pytest.approx(10 + 20 + 1 + 2 + expected)
+
+
+def test_everything_hidden_leaves_only_the_last_bucket():
+    """Early buckets finish behind backward; the last one is ready when backward ends, so its
+    all-reduce is all that is exposed, whatever the number of lanes."""
+    for lanes in (1, 2):
+        records = timeline(ready=[2.0, 20.0], lanes=lanes)
+        model = step_model(records)
+        prediction = model.predict(run_setting(model.profile))
+        assert prediction.exposed_ms == pytest.approx(ring_ms(3 * MIB))
+        assert prediction.comm_ms == pytest.approx(ring_ms(MIB) + ring_ms(3 * MIB))
+
+
+def test_accumulation_scales_compute_not_communication():
+    """k micro-batches cost k clean micro-batches plus one step's exposed communication and
+    optimizer: speedup(k) = k T / (k clean + exposed + optimizer)."""
+    records = timeline(ready=[20.0, 20.0])
+    model = step_model(records)
+    p = model.profile
+    clean = 10 + 20 + 2
+    assert p.clean_micro_ms == pytest.approx(clean)
+    for k in (1, 2, 4, 8, 16):
+        step = k * clean + p.exposed_ms + 1.0
+        setting = Setting(bucket_cap_mb=None, accumulate=k, algorithm="ring", world_size=2, local_size=2)
+        assert model.predict(setting).step_ms == pytest.approx(step)
+        assert model.speedup(setting) == pytest.approx(k * p.step_ms / step)
+
+
+def test_contention_is_measured_from_a_no_sync_micro_batch_and_priced_once_per_step():
+    """With k=2 the synchronizing micro-batch is slower than a no_sync one by the contention of
+    its hidden communication; at k=1 the step is that micro-batch again."""
+    records = timeline(ready=[2.0, 20.0], k=2, micro=27.0)
+    model = step_model(records)
+    p = model.profile
+    assert p.contention_ms == pytest.approx(10 + 20 + 2 - 27.0)
+    one = Setting(bucket_cap_mb=None, accumulate=1, algorithm="ring", world_size=2, local_size=2)
+    assert model.predict(one).step_ms == pytest.approx(10 + 20 + 2 + p.exposed_ms + 1.0)
+
+
+def test_contention_at_k1_is_the_other_threads_cpu_when_cores_are_short():
+    """At k=1 the contention is the other threads' CPU time during backward, when the ranks'
+    compute threads leave no core to the communication lanes (2 cores, 2 ranks), none with many."""
+    assert profile_run(timeline(ready=[2.0, 20.0], other_cpu=4.0, cpu_count=2)).contention_ms == pytest.approx(4.0)
+    assert profile_run(timeline(ready=[2.0, 20.0], other_cpu=4.0, cpu_count=64)).contention_ms == 0.0
+
+
+def test_lanes_queue_buckets_in_order():
+    one = run_lanes([0.0, 0.0, 0.0], [4.0, 4.0, 4.0], lanes=1, backward_ms=1.0)
+    two = run_lanes([0.0, 0.0, 0.0], [4.0, 4.0, 4.0], lanes=2, backward_ms=1.0)
+    assert one.ends == (4.0, 8.0, 12.0) and one.exposed_ms == 11.0
+    assert two.ends == (4.0, 4.0, 8.0) and two.comm_ms == 8.0 and two.hidden_ms == 1.0
+
+
+def test_ready_curve_interpolates_between_hand_overs():
+    curve = ReadyCurve.from_buckets([10.0, 30.0], [100, 300])
+    assert curve.time_at(50) == 5.0 and curve.time_at(250) == 20.0 and curve.time_at(400) == 30.0
+    assert curve.ready_times([200, 200]) == [pytest.approx(50 / 3), 30.0]
+
+
+# -- DDP's bucketing rules -------------------------------------------------------------------------
+
+
+def test_bucket_limits_follow_ddp():
+    assert bucket_limits(bucket_cap_mb=None) == (MIB, 25 * MIB)
+    assert bucket_limits(bucket_cap_mb=5) == (5 * MIB,)
+    assert bucket_limits(bucket_cap_mb=5, explicit_first_is_cap=False) == (MIB, 5 * MIB)
+    with pytest.raises(ValueError, match="bucket_cap_mb must be positive"):
+        bucket_limits(bucket_cap_mb=0)
+
+
+def test_assign_buckets_closes_at_the_limit_and_keeps_dtypes_apart():
+    assert assign_buckets([600, 600, 3000, 10], [1000, 2000]) == [[0, 1], [2], [3]]
+    assert assign_buckets([6, 6, 6], [5, 100], dtypes=["float32", "float16", "float32"]) == [[0], [1], [2]]
+    assert rebuilt_bucket_bytes([4, 4, 4], [8]) == [8, 4]
+
+
+def _real_buckets(rank: int, world_size: int, widths: list[int], cap):
+    """Bucket bytes of a real DDP model: DDP's own report (its initial layout), what the hook
+    saw in step 1 and after the rebuild, and the advisor's replay of DDP's rules."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(a, b) for a, b in zip(widths, widths[1:])]
+    model = DistributedDataParallel(torch.nn.Sequential(*layers), **({} if cap is None else {"bucket_cap_mb": cap}))
+    state = ddp_ring_hooks.register(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        model(torch.randn(4, widths[0])).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    reported = [int(s) for s in str(model._get_ddp_logging_data()["bucket_sizes"]).split(",")]
+    first = [b["nbytes"] for b in state.timeline.steps[0]["buckets"]]
+    seen = [b["nbytes"] for b in state.timeline.steps[-1]["buckets"]]
+    run = state.timeline.run
+    predicted = rebuilt_bucket_bytes(run["param_bytes"], bucket_limits(bucket_cap_mb=cap), dtypes=run["param_dtypes"])
+    state.close()
+    return reported, first, seen, predicted
+
+
+@pytest.mark.parametrize(("widths", "cap"), [([512, 512, 512, 512], None), ([300, 400, 500, 100], 0.5), ([64] * 6, 0.02)])
+def test_bucket_repacking_matches_a_real_ddp_model(widths, cap):
+    """Step 1 reduces all gradients in one bucket (DDP does not know their order yet); after
+    it, the hook receives exactly the buckets the replay of DDP's rules predicts, in order."""
+    reported, first, seen, predicted = run_ranks(_real_buckets, 2, widths, cap, timeout=120)[0]
+    assert reported == first == [sum(predicted)]
+    assert len(predicted) > 1
+    assert seen == predicted
+
+
+def test_network_from_bench_records_fits_each_algorithm():
+    records = [
+        {"algorithm": algorithm, "world_size": 4, "nbytes": n, "time_us": 1e6 * t(n)}
+        for n in (1 << 12, 1 << 16, 1 << 20)
+        for algorithm, t in (("ring", lambda n: 6 * 1e-5 + 1.5 * n * 1e-9), ("native", lambda n: 6 * 2e-5 + 1.5 * n * 1e-9))
+    ]
+    network = from_bench(records)
+    assert network.calibration("ring").alpha == pytest.approx(1e-5)
+    assert network.calibration("native").alpha == pytest.approx(2e-5)
+    assert network.calibration("tree") == network.calibration("ring")
+
+
+def test_advice_has_the_stable_shape_and_names_the_change():
+    advice = advise(timeline(ready=[20.0, 20.0]))
+    assert set(advice["run"]) == {"world_size", "algorithm", "accumulate", "bucket_cap_mb", "steps", "step_ms",
+                                  "compute_ms", "comm_ms", "exposed_ms"}
+    assert {r["knob"] for r in advice["what_if"]} == {"bucket_cap_mb", "accumulate", "algorithm", "world_size"}
+    assert {r["value"] for r in advice["what_if"] if r["knob"] == "algorithm"} >= {"ring", "tree", "native"}
+    assert all(set(r) == {"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup"} for r in advice["what_if"])
+    rec = advice["recommendation"]
+    # Accumulation gains 1.08x, 1.12x, 1.15x, 1.16x at k=2..16: the knee (80% of the largest gain) is k=8.
+    gains = {r["value"]: r["speedup"] for r in advice["what_if"] if r["knob"] == "accumulate"}
+    assert gains[8] - 1 >= 0.8 * (gains[16] - 1) > gains[4] - 1
+    assert rec["knob"] == "accumulate" and rec["value"] == 8 and "effective batch grows 8x" in rec["why"]
+
+
+def test_too_few_steps_and_gpu_timelines_are_clear_errors():
+    with pytest.raises(ValueError, match="at least 2"):
+        advise(timeline(ready=[20.0, 20.0], steps=1))
+    records = timeline(ready=[20.0, 20.0])
+    with pytest.raises(ValueError, match="one rank communicates nothing"):
+        advise([{**records[0], "world_size": 1}, *records[1:]])
+    with pytest.raises(ValueError, match="recorded on cuda.*CPU \\(gloo\\) runs"):
+        advise([{**records[0], "device": "cuda"}, *records[1:]])
+
+
+# -- end to end: 2 ranks, a log_dir, advise --json ------------------------------------------------
+
+
+def _train_and_advise(rank: int, world_size: int, log_dir: str):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                              torch.nn.Linear(256, 10))
+    model = DistributedDataParallel(net, bucket_cap_mb=0.2)
+    state = ddp_ring_hooks.register(model, log_dir=log_dir)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(8):
+        for micro in range(2):  # accumulation: the first micro-batch without sync
+            if micro == 0:
+                with model.no_sync():
+                    model(torch.randn(16, 256)).sum().backward()
+            else:
+                model(torch.randn(16, 256)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    advice = state.advise()
+    state.close()
+    grads = [p.grad for p in model.parameters()]
+    return advice, torch.cat([torch.zeros(1)] + [g.flatten() for g in grads if g is not None])
+
+
+def test_two_ranks_then_advise_json_reads_the_log_dir(tmp_path):
+    log_dir = str(tmp_path / "run")
+    (advice, grads0), (_, grads1) = run_ranks(_train_and_advise, 2, log_dir, timeout=180)
+    assert grads0.equal(grads1)
+    assert advice["run"]["accumulate"] == 2 and advice["run"]["world_size"] == 2
+    assert advice["run"]["steps"] == 6  # 8 steps: the first is DDP's single bucket, the last never ends
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    done = subprocess.run([sys.executable, "-m", "ddp_ring_hooks", "advise", log_dir, "--json"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    offline = json.loads(done.stdout)
+    assert offline["run"] == advice["run"]  # the file holds what memory held
+    assert {r["knob"] for r in offline["what_if"]} == {"bucket_cap_mb", "accumulate", "algorithm", "world_size"}
+    assert set(offline["recommendation"]) == {"knob", "value", "speedup", "why"}
+    assert offline["model"]["buckets"] and sum(offline["model"]["buckets"]) == (256 * 256 + 256) * 4 * 2 + (256 * 10 + 10) * 4
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert glob.glob(os.path.join(log_dir, "*.advice"))
+    panels = EventAccumulator(log_dir, size_guidance={"tensors": 0}).Reload().Tags()["tensors"]
+    assert "comm/advice/text_summary" in panels
+
+    bad = subprocess.run([sys.executable, "-m", "ddp_ring_hooks", "advise", str(tmp_path)], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and "no timeline.jsonl" in bad.stderr
+
+
+def test_contention_grows_with_what_the_busiest_rank_sends():
+    """Ring and tree at 2 ranks each send the buffer once per rank (tree's formula counts it
+    twice on the critical path); naive's master sends it to every peer."""
+    from ddp_ring_hooks.advisor.network import bytes_factor
+
+    assert bytes_factor("ring", 2) == bytes_factor("tree", 2) == bytes_factor("native", 2) == 1.0
+    assert bytes_factor("ring", 8) == pytest.approx(1.75) and bytes_factor("naive", 8) == 7.0
+    assert bytes_factor("ring", 1) == 0.0
+
+
+def test_advisor_imports_no_torch():
+    """The advisor is pure: it runs offline on a log_dir, without torch or process groups."""
+    code = (
+        "import importlib.util, sys, types\n"
+        "spec = importlib.util.find_spec('ddp_ring_hooks')\n"
+        "pkg = types.ModuleType('ddp_ring_hooks'); pkg.__path__ = spec.submodule_search_locations\n"
+        "sys.modules['ddp_ring_hooks'] = pkg\n"
+        "import ddp_ring_hooks.advisor\n"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "False"
+
+
+def _lightning_fit_prints_advice(rank: int, world_size: int, directory: str):
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    import contextlib
+    import io
+
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    import ddp_ring_hooks.integrations.lightning as ring_lightning
+    from ddp_ring_hooks.advisor import profile_run
+    from train_examples.char_lm import CharLanguageModel, make_dataloader, quiet_lightning
+
+    quiet_lightning()
+    pl.seed_everything(0, verbose=False)
+    strategy = ring_lightning.RingDDPStrategy(bucket_cap_mb=0.02)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=world_size, strategy=strategy, max_steps=5, accumulate_grad_batches=2,
+        logger=TensorBoardLogger(directory, name="", version="run"), callbacks=[ring_lightning.CommTimingLogger()],
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        trainer.fit(CharLanguageModel(seq_len=16, width=32, num_layers=2, num_heads=2),
+                    make_dataloader(seq_len=16, micro_batch=2))
+    return printed.getvalue(), profile_run(strategy.hook_state.timeline.records())
+
+
+def test_lightning_prints_the_advice_at_the_end_of_fit_on_rank_0(tmp_path):
+    """Lightning accumulates with no_sync and runs the synchronizing micro-batch inside
+    optimizer.step(closure): the timeline still finds k=2 and leaves forward and backward out
+    of the optimizer time (else the rest of the step would come out negative)."""
+    pytest.importorskip("lightning")
+    (text0, profile), (text1, _) = run_ranks(_lightning_fit_prints_advice, 2, str(tmp_path), timeout=240)
+    assert "communication advice" in text0 and "recommendation:" in text0
+    assert "communication advice" not in text1
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    panels = EventAccumulator(str(tmp_path / "run"), size_guidance={"tensors": 0}).Reload().Tags()["tensors"]
+    assert "comm/advice/text_summary" in panels
+    assert profile.accumulate == 2 and len(profile.buckets) > 1
+    assert profile.rest_ms >= 0 and profile.optimizer_ms < profile.forward_ms + profile.backward_ms
+
+
+def test_advise_cli_reads_a_network_profile_and_rejects_bad_input(tmp_path, capsys):
+    """--network takes `bench --json` records; a faster network shrinks the predicted exposed
+    time; wrong files and half-given networks are clear errors naming the fix."""
+    from ddp_ring_hooks.cli.__main__ import main
+
+    (tmp_path / "timeline.jsonl").write_text("\n".join(json.dumps(r) for r in timeline(ready=[20.0, 20.0])))
+    bench = [{"algorithm": a, "world_size": 2, "nbytes": n, "time_us": 2 * 5 + n * 1e-4, "count": n // 4,
+              "dtype": "float32", "algbw_GBps": 0, "busbw_GBps": 0, "wrong": 0}
+             for a in ("ring", "native") for n in (1 << 16, 1 << 20, 1 << 24)]
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    assert main(["advise", str(tmp_path), "--json"]) == 0
+    here = json.loads(capsys.readouterr().out)
+    assert main(["advise", str(tmp_path), "--network", str(tmp_path / "bench.json"), "--json"]) == 0
+    there = json.loads(capsys.readouterr().out)
+    assert there["model"]["network"]["source"].startswith("bench records at 2 ranks")
+    cap = {r["value"]: r for r in there["what_if"] if r["knob"] == "accumulate"}
+    assert cap[1]["exposed_ms"] < here["run"]["exposed_ms"]  # 10 GB/s instead of 1 GB/s
+
+    (tmp_path / "bad.json").write_text('{"not": "records"}')
+    assert main(["advise", str(tmp_path), "--network", str(tmp_path / "bad.json")]) == 2
+    assert "is not `ddp-ring-hooks bench --json` output" in capsys.readouterr().err
+    assert main(["advise", str(tmp_path), "--latency", "5us"]) == 2
+    assert "--latency and --bandwidth go together" in capsys.readouterr().err

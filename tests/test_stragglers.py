@@ -1,0 +1,264 @@
+"""Stragglers on real gloo ranks: a delay injected on one rank is named, with its cost; no delay
+names nobody; clock offsets across (pretend) hosts are recovered by ping-pong; rank 0 writes
+one merged trace with every rank on one time axis; ``trace merge`` joins per-rank files."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from ddp_ring_hooks.telemetry import RankArrivals
+from ddp_ring_hooks.telemetry.recorder import TRACE_FILE
+from ddp_ring_hooks.telemetry.stragglers import StragglerTally
+
+from ._dist import run_ranks
+
+STEPS = 12
+SKIP = 2  # the first steps: DDP's provisional buckets, the layout check's collectives
+DELAY_S = 0.06
+TRACE_WINDOW = (4, 6)
+
+
+def _train(rank: int, world_size: int, delayed_rank: int | None, log_dir: str, per_rank: bool,
+           separate_clocks: bool = False):
+    """A small MLP in several buckets; ``delayed_rank`` sleeps before every forward;
+    ``separate_clocks``: every rank claims a clock of its own, so offsets are measured."""
+    import time
+
+    from ddp_ring_hooks.runtime.clocks import CLOCK_DOMAIN_VARIABLE
+
+    if separate_clocks:
+        os.environ[CLOCK_DOMAIN_VARIABLE] = f"pretend host {rank}"
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+    from ddp_ring_hooks.telemetry import MemorySink
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.Linear(32, 4))
+    model = DistributedDataParallel(net, bucket_cap_mb=0.002)  # ~2 kB: several buckets
+    memory = MemorySink()
+    state = ddp_ring_hooks.register(
+        model, sinks=[memory], spread_every=1, log_dir=log_dir, trace_steps=TRACE_WINDOW, per_rank=per_rank,
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(STEPS):
+        if rank == delayed_rank:
+            time.sleep(DELAY_S)
+        model(torch.randn(8, 16)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    summary = state.summary()
+    state.close()
+    grads = [p.detach().clone() for p in model.parameters()]
+    return memory.ranks, summary, grads
+
+
+def _measured(records: list[RankArrivals]) -> list[RankArrivals]:
+    return [r for r in records if r.step > SKIP]
+
+
+@pytest.mark.parametrize("world_size, delayed_rank", [(3, 2), (4, 1)])
+def test_delayed_rank_is_named_with_its_cost(tmp_path, world_size, delayed_rank):
+    results = run_ranks(_train, world_size, delayed_rank, str(tmp_path), False, timeout=240)
+    records = _measured(results[0][0])
+    assert len(records) == STEPS - SKIP
+    # Every rank recorded the same gathered numbers.
+    for other, _, _ in results[1:]:
+        assert [(r.step, r.last_ms) for r in _measured(other)] == [(r.step, r.last_ms) for r in records]
+    named = sum(r.straggler == delayed_rank for r in records)
+    assert named >= 0.9 * len(records), [r.straggler for r in records]
+    wait_ms = statistics.median(r.straggler_wait_ms for r in records)
+    assert wait_ms == pytest.approx(DELAY_S * 1e3, rel=0.3)
+    assert all(r.clock_error_ms == 0.0 and not any(r.offsets_ms) for r in records)  # one host: one clock
+    # What slowest_rank used to log, the longest communication, names a victim, not the culprit:
+    # the others' communication includes their wait for it.
+    longest = [max(range(world_size), key=r.total_ms.__getitem__) for r in records]
+    assert sum(rank == delayed_rank for rank in longest) <= 0.5 * len(records), longest
+    summary = results[0][1]
+    assert f"rank {delayed_rank} arrived last in" in summary, summary
+    # TensorBoard names the culprit, not a victim; slowest_rank is gone.
+    scalars = _scalars(str(tmp_path))
+    assert "comm/ranks/slowest_rank" not in scalars
+    logged = {step: rank for step, rank in scalars["comm/ranks/straggler_rank"].items() if step > SKIP}
+    assert sum(rank == delayed_rank for rank in logged.values()) >= 0.9 * len(logged)
+    assert statistics.median(scalars["comm/ranks/straggler_wait_ms"].values()) == pytest.approx(DELAY_S * 1e3, rel=0.3)
+    assert set(scalars["comm/ranks/arrival_spread_ms"]) == set(range(1, STEPS + 1))
+    # Training itself is unchanged: every rank ends with the same gradients.
+    for _, _, grads in results[1:]:
+        assert all((a == b).all() for a, b in zip(grads, results[0][2]))
+    if world_size == 3:
+        _check_merged_trace(os.path.join(str(tmp_path), TRACE_FILE), world_size, delayed_rank)
+
+
+def _scalars(log_dir: str) -> dict[str, dict[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(log_dir, size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {tag: {e.step: e.value for e in accumulator.Scalars(tag)} for tag in accumulator.Tags()["scalars"]}
+
+
+def _check_merged_trace(path: str, world_size: int, delayed_rank: int) -> None:
+    with open(path) as file:
+        trace = json.load(file)
+    events = trace["traceEvents"]
+    assert trace["ddp_ring_hooks"]["merged_ranks"] == list(range(world_size))
+    sort_index = {e["pid"]: e["args"]["sort_index"] for e in events if e["name"] == "process_sort_index"}
+    assert sort_index == {rank: rank for rank in range(world_size)}  # every rank's tracks, in rank order
+    slices = [e for e in events if e["ph"] == "X"]
+    # Aligned: a bucket's all-reduce cannot end on one rank before it started on another
+    # (up to the stated alignment error, 0 on one clock).
+    slack_us = trace["ddp_ring_hooks"]["clock_error_ms"] * 1e3 * 2
+    by_bucket: dict[str, list[dict]] = {}
+    for event in slices:
+        if event["name"].startswith("bucket "):
+            by_bucket.setdefault(event["name"], []).append(event)
+    assert by_bucket
+    for name, copies in by_bucket.items():
+        assert {e["pid"] for e in copies} == set(range(world_size)), name
+        assert max(e["ts"] for e in copies) <= min(e["ts"] + e["dur"] for e in copies) + slack_us, name
+    # The others' wait ends where the straggler finished handing over.
+    for step in range(*TRACE_WINDOW):
+        handed = {e["pid"]: e for e in slices if e["name"] == f"handing over step {step}"}
+        assert set(handed) == set(range(world_size))
+        arrived = handed[delayed_rank]["ts"] + handed[delayed_rank]["dur"]
+        waits = [e for e in slices if e["name"].startswith("wait for rank ") and e["args"]["step"] == step]
+        for wait in waits:
+            assert wait["ts"] + wait["dur"] == pytest.approx(arrived, abs=1.0)  # µs
+
+
+def test_no_delay_names_no_straggler_and_trace_merge_joins_ranks(tmp_path):
+    world_size = 3
+    results = run_ranks(_train, world_size, None, str(tmp_path), True, timeout=240)
+    tally = StragglerTally()
+    for record in _measured(results[0][0]):
+        tally.add(record)
+    rank, share, wait_ms = tally.leader()
+    assert not (share >= 0.9 and wait_ms >= 0.3 * DELAY_S * 1e3), (rank, share, wait_ms)
+    assert "no consistent straggler" in results[0][1] or wait_ms < 0.3 * DELAY_S * 1e3, results[0][1]
+    # per_rank: each rank wrote its own trace; the command puts them on one axis.
+    completed = subprocess.run(
+        [sys.executable, "-m", "ddp_ring_hooks", "trace", "merge", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert completed.returncode == 0, completed.stderr
+    with open(os.path.join(str(tmp_path), TRACE_FILE)) as file:
+        merged = json.load(file)
+    assert merged["ddp_ring_hooks"]["merged_ranks"] == [0, 1, 2]
+    assert {e["pid"] for e in merged["traceEvents"] if e["ph"] == "X"} == {0, 1, 2}
+    bad = subprocess.run([sys.executable, "-m", "ddp_ring_hooks", "trace", "merge", str(tmp_path / "nothing")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "per_rank=True" in bad.stderr
+
+
+def _offsets_of_skewed_clocks(rank: int, world_size: int, skew_s: float):
+    import time
+
+    import torch.distributed as dist
+
+    from ddp_ring_hooks.runtime.clocks import estimate_clock_offsets
+
+    group = dist.group.WORLD
+    shared = estimate_clock_offsets(group, tag=7)  # real hosts: all ranks here share one clock
+    # Pretend every rank is a host of its own whose clock runs skew_s * rank ahead.
+    skewed = estimate_clock_offsets(group, tag=7, hosts=list(range(world_size)),
+                                    clock=lambda: time.perf_counter() + skew_s * rank)
+    return shared, skewed
+
+
+def test_ping_pong_recovers_clock_offsets_across_hosts():
+    skew_s = 5.0
+    results = run_ranks(_offsets_of_skewed_clocks, 3, skew_s, timeout=120)
+    shared, skewed = results[0]
+    assert shared.offsets_ms == (0.0, 0.0, 0.0) and shared.max_error_ms == 0.0
+    assert skewed.hosts == (0, 1, 2)
+    for rank in range(3):
+        expected = skew_s * 1e3 * rank
+        assert abs(skewed.offsets_ms[rank] - expected) <= skewed.error_ms[rank] + 1e-6
+        assert skewed.error_ms[rank] < 50.0  # half a loopback round trip, even on a busy machine
+    assert all(result == results[0] for result in results)  # every rank knows every offset
+
+
+def test_arrivals_name_the_last_rank_and_the_others_wait():
+    record = RankArrivals(step=3, first_ms=(0.0, 1.0, 30.0, 2.0), last_ms=(10.0, 12.0, 40.0, 11.0),
+                          total_ms=(45.0, 44.0, 9.0, 44.5), offsets_ms=(0.0,) * 4)
+    assert record.straggler == 2
+    assert record.waits_ms == (30.0, 28.0, 0.0, 29.0)
+    assert record.straggler_wait_ms == 29.0  # median of the others, not counting the straggler's 0
+    assert record.arrival_spread_ms == 30.0
+
+
+def test_summary_line_names_a_consistent_straggler_only():
+    def arrivals(step, last_rank, wait):
+        last = [100.0] * 3
+        last[last_rank] += wait
+        return RankArrivals(step=step, first_ms=(0.0,) * 3, last_ms=tuple(last), total_ms=(1.0,) * 3,
+                            offsets_ms=(0.0,) * 3)
+
+    culprit = StragglerTally()
+    for step in range(1, 26):
+        culprit.add(arrivals(step, 2 if step != 7 else 0, 29.0))
+    assert culprit.is_consistent()
+    assert culprit.render().startswith("stragglers: rank 2 arrived last in 96% of 25 steps, costing the others 29 ms")
+    balanced = StragglerTally()
+    for step in range(1, 26):
+        balanced.add(arrivals(step, step % 3, 29.0))  # everyone is last now and then
+    assert not balanced.is_consistent() and "no consistent straggler" in balanced.render()
+    short = StragglerTally()
+    for step in range(1, 3):
+        short.add(arrivals(step, 1, 29.0))
+    assert not short.is_consistent()  # two steps prove nothing
+    noise = StragglerTally()
+    for step in range(1, 26):
+        noise.add(arrivals(step, 1, 0.2))  # always last, but by a fraction of a millisecond
+    assert not noise.is_consistent()
+    assert "no step" in StragglerTally().render()
+
+
+def test_trace_merge_shifts_each_rank_onto_rank0s_clock_and_refuses_strangers(tmp_path):
+    from ddp_ring_hooks.telemetry.trace_merge import merge_trace_files
+
+    def write(name, rank, offset_ms, ts):
+        path = tmp_path / name
+        path.write_text(json.dumps({
+            "traceEvents": [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
+                            {"ph": "X", "name": "bucket 0 step 2", "pid": rank, "tid": 0, "ts": ts, "dur": 5.0}],
+            "ddp_ring_hooks": {"rank": rank, "clock_offset_ms": offset_ms, "clock_error_ms": 0.02},
+        }))
+        return str(path)
+
+    # Rank 1's clock runs 2 s ahead: its event at 2_000_100 µs happened at 100 µs on rank 0's clock.
+    merged = merge_trace_files([write("a.json", 0, 0.0, 100.0), write("b.json", 1, 2000.0, 2_000_100.0)])
+    slices = {e["pid"]: e["ts"] for e in merged["traceEvents"] if e["ph"] == "X"}
+    assert slices == {0: 100.0, 1: pytest.approx(100.0)}
+    assert merged["ddp_ring_hooks"]["merged_ranks"] == [0, 1] and merged["ddp_ring_hooks"]["clock_error_ms"] == 0.02
+    with pytest.raises(ValueError, match="both hold rank 0"):
+        merge_trace_files([write("a.json", 0, 0.0, 1.0), write("c.json", 0, 0.0, 1.0)])
+    stranger = tmp_path / "profiler.json"
+    stranger.write_text(json.dumps({"traceEvents": []}))
+    with pytest.raises(ValueError, match="not a trace written by ddp_ring_hooks"):
+        merge_trace_files([str(stranger)])
+
+
+def test_straggler_is_named_across_measured_clocks(tmp_path):
+    """Every rank claims a clock of its own: the offsets come from ping-pong (the true ones are
+    0, one machine), within the error they state, and the delayed rank is still named."""
+    world_size, delayed_rank = 3, 1
+    results = run_ranks(_train, world_size, delayed_rank, str(tmp_path), False, True, timeout=240)
+    records = _measured(results[0][0])
+    assert records
+    for record in records:
+        assert record.clock_error_ms > 0.0
+        assert all(abs(offset) <= record.clock_error_ms + 1e-6 for offset in record.offsets_ms)
+    assert sum(r.straggler == delayed_rank for r in records) >= 0.9 * len(records)
+    assert statistics.median(r.straggler_wait_ms for r in records) == pytest.approx(DELAY_S * 1e3, rel=0.3)
+    assert "clocks aligned to within" in results[0][1]
+    _check_merged_trace(os.path.join(str(tmp_path), TRACE_FILE), world_size, delayed_rank)

@@ -167,3 +167,24 @@ def test_model_says_native_has_no_formula(capsys):
     native_row = next(line for line in out.splitlines() if line.startswith("native "))
     assert native_row.split()[1:] == ["n/a", "n/a"]
     assert "native: no formula" in out
+
+
+def test_a_worker_runs_its_start_hook_on_its_thread_and_fails_jobs_if_it_raises():
+    # What a CUDA lane relies on: on_start sets the thread's device and stream before any job.
+    import threading
+
+    from ddp_ring_hooks.runtime.worker import CommWorker
+
+    started: list[str] = []
+    worker = CommWorker("probe", on_start=lambda: started.append(threading.current_thread().name))
+    assert worker.submit(lambda: threading.current_thread().name).wait() == "probe"
+    worker.close()
+    assert started == ["probe"]
+
+    def broken() -> None:
+        raise RuntimeError("no such device")
+
+    failing = CommWorker("broken", on_start=broken)
+    with pytest.raises(RuntimeError, match="could not start: no such device"):
+        failing.submit(lambda: 1).wait()
+    failing.close()

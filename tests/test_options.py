@@ -10,7 +10,7 @@ import pytest
 
 from ddp_ring_hooks import HookState
 from ddp_ring_hooks.schedules import (
-    ALGORITHMS, build_schedule, get_algorithm, resolve_options,
+    ALGORITHMS, algorithm_names, build_schedule, formula_for, get_algorithm, resolve_options,
 )
 
 
@@ -71,3 +71,13 @@ def test_lightning_strategy_checks_its_algorithm_options_when_built():
 
     with pytest.raises(TypeError, match="unknown option 'segmets'.*did you mean 'segments'"):
         RingDDPStrategy("tree", algorithm_options={"segmets": 2})
+
+
+def test_native_is_one_registry_entry_without_a_schedule():
+    native = get_algorithm("native")
+    assert native.build is None and native.cost is None and formula_for("native") == "ring"
+    assert "native" not in ALGORITHMS and "native" in algorithm_names()
+    with pytest.raises(TypeError, match="unknown option 'segments'.*the native algorithm takes no options"):
+        HookState(algorithm="native", segments=2)
+    with pytest.raises(ValueError, match="native algorithm has no schedule"):
+        build_schedule("native", 4)

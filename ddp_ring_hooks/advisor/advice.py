@@ -19,14 +19,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..schedules import ALGORITHMS
+from ..schedules import algorithm_names
 from .network import NATIVE, Network, from_run
 from .profile import profile_run
 from .step_model import Setting, StepModel, run_setting
 
 BUCKET_CAPS_MB = (1, 5, 10, 25, 50, 100)
 ACCUMULATE = (1, 2, 4, 8, 16)
-ALL_ALGORITHMS = (*ALGORITHMS, NATIVE)
+ALL_ALGORITHMS = algorithm_names()
 #: Predicted gains below this are within the model's error: no recommendation.
 MIN_GAIN = 1.03
 

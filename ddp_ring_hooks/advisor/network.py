@@ -23,15 +23,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ..cost_model import Calibration, bytes_sent_per_rank, coefficients, fit
-from ..schedules import ALGORITHMS, build_schedule
+from ..schedules import algorithm_names, build_schedule, formula_for
 
 NATIVE = "native"
 ANY = "*"
 
 
 def formula_of(algorithm: str) -> str:
-    """The cost formula an algorithm is priced with (``native`` and ``auto``: the ring's)."""
-    return algorithm if algorithm in ALGORITHMS else "ring"
+    """The cost formula an algorithm is priced with: the registry's (``native`` is priced as
+    the ring); ``auto``, a mix of them, also as the ring."""
+    return formula_for(algorithm) if algorithm in algorithm_names() else "ring"
 
 
 def bytes_factor(algorithm: str, world_size: int, **options) -> float:
@@ -119,7 +120,7 @@ def from_bench(records: Iterable[Mapping]) -> Network:
             by_algorithm.setdefault(r["algorithm"], []).append((r["nbytes"], r["time_us"] * 1e-6))
     calibrations = {}
     for algorithm, samples in by_algorithm.items():
-        if algorithm == "auto" or (algorithm not in ALGORITHMS and algorithm != NATIVE):
+        if algorithm not in algorithm_names():  # "auto" is a mix, not one formula
             continue
         try:
             calibrations[algorithm] = fit(samples, algorithm=formula_of(algorithm), world_size=world_size)

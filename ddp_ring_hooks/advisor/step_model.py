@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..schedules import get_algorithm
 from .bucketing import bucket_limits, rebuilt_bucket_bytes
 from .lanes import run_lanes
 from .network import Network, bytes_factor
@@ -101,7 +102,8 @@ def _hidden_bytes(sizes, starts, ends, backward_ms: float) -> float:
 
 
 def _options(setting: Setting) -> dict:
-    return {"local_size": setting.local_size} if setting.algorithm == "hierarchical" else {}
+    takes_node_size = "local_size" in get_algorithm(setting.algorithm).option_names
+    return {"local_size": setting.local_size} if takes_node_size else {}
 
 
 def _model(profile: RunProfile, network: Network, setting: Setting, contention_per_byte: float) -> _Raw:

@@ -16,16 +16,7 @@ import re
 import textwrap
 
 from ..cost_model import coefficients, predict
-from ..runtime.names import NATIVE
 from ..schedules import algorithm_names, get_algorithm
-
-#: What ``model`` says about ``native`` instead of a number.
-NATIVE_NOTE = (
-    "native: no formula. It is the process group's own all_reduce (NCCL or gloo pick their ring, tree "
-    "or other algorithm inside, per size and topology), so there is no schedule to price; measure it "
-    "with 'ddp-ring-hooks bench --algorithms ring,native' or in training with "
-    "register(model, algorithm=\"native\", log_dir=...)."
-)
 from ..viz.text import format_seconds
 from . import fail
 
@@ -120,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
         given = {"local_size": args.local_size}
         algorithms += [a for a in algorithms_needing(given) if a not in algorithms]
         for algorithm in algorithms:
-            if algorithm != NATIVE:  # native has no registry record: no schedule, no formula
-                get_algorithm(algorithm)  # one message for an unknown name
+            get_algorithm(algorithm)  # one message for an unknown name
         if min(world_sizes) < 1 or args.segments < 1:
             raise ValueError("world sizes and segments must be >= 1")
     except ValueError as error:
@@ -151,6 +141,16 @@ def algorithms_needing(given: dict) -> list[str]:
     ]
 
 
+def no_formula_note(algorithm: str) -> str:
+    """What ``model`` says instead of a number for an algorithm without a formula."""
+    return (
+        f"{algorithm}: no formula. It is {get_algorithm(algorithm).summary}: NCCL or gloo pick their ring, "
+        "tree or other algorithm inside, per size and topology, so there is no schedule to price; measure "
+        f"it with 'ddp-ring-hooks bench --algorithms ring,{algorithm}' or in training with "
+        f"register(model, algorithm=\"{algorithm}\", log_dir=...)."
+    )
+
+
 def render_table(nbytes, world_sizes, algorithms, params, local, local_size, segments) -> str:
     """The table for one size plus the lines that explain it."""
     gamma = f", gamma {params['gamma'] * 1e12:.3g} ps/B" if params["gamma"] else ""
@@ -162,10 +162,10 @@ def render_table(nbytes, world_sizes, algorithms, params, local, local_size, seg
     rows = [header]
     given = {"segments": segments, "local_size": local_size}
     for algorithm in algorithms:
-        if algorithm == NATIVE:  # no schedule, so no formula: say so instead of guessing
-            rows.append([NATIVE] + ["n/a"] * len(world_sizes))
-            continue
         record = get_algorithm(algorithm)
+        if record.cost is None:  # no formula (native): say so instead of guessing
+            rows.append([algorithm] + ["n/a"] * len(world_sizes))
+            continue
         options = {name: given[name] for name in record.option_names if given.get(name) is not None}
         shown = [o.describe(options[o.name]) for o in record.options if options.get(o.name, o.default) != o.default]
         cells = [f"{algorithm} ({', '.join(shown)})" if shown else algorithm]
@@ -178,8 +178,7 @@ def render_table(nbytes, world_sizes, algorithms, params, local, local_size, seg
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
     notes = explain(nbytes, world_sizes, params, segments)
-    if NATIVE in algorithms:
-        notes.append(NATIVE_NOTE)
+    notes += [no_formula_note(a) for a in algorithms if get_algorithm(a).cost is None]
     lines += [textwrap.fill(line, width=100, subsequent_indent="  ") for line in notes]
     return "\n".join(lines)
 

@@ -152,7 +152,7 @@ class HookState:
         self.algorithm = algorithm
         # Checked and resolved now (defaults filled in, LOCAL_WORLD_SIZE read once, here):
         # a typo fails at construction, not at the first backward.
-        self.algorithm_options = _resolved(algorithm, options) if has_schedule(algorithm) else _unresolved(algorithm, options)
+        self.algorithm_options = options if algorithm == AUTO else _resolved(algorithm, options)
         self.iteration = 0
         self.check_layout_steps = check_layout_steps
         self.concurrent_buckets = concurrent_buckets
@@ -360,15 +360,6 @@ def _resolved(algorithm: str, options: dict[str, object]) -> dict[str, object]:
     except TypeError as error:
         unknown = sorted(set(options) - set(get_algorithm(algorithm).option_names))
         raise TypeError(_unknown_option_message(unknown, algorithm, get_algorithm(algorithm).option_names)) from error
-
-
-def _unresolved(algorithm: str, options: dict[str, object]) -> dict[str, object]:
-    """``auto``'s options as given (its probe checks them); ``native`` takes none."""
-    if algorithm == AUTO:
-        return options
-    if options:
-        raise TypeError(_unknown_option_message(sorted(options), algorithm, ()))
-    return {}
 
 
 def _auto_options(options: dict[str, object]) -> dict[str, object]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..schedules import checked_schedule
+from ..schedules import checked_schedule, resolve_options
 from .collectives import check_device_backend
 from .executor import run_schedule
-from .names import AUTO, NATIVE, check_algorithm_name
+from .names import AUTO, check_algorithm_name, has_schedule
 from .native import run_native
 from .observer import NULL_OBSERVER, ExecutionObserver
 from .selection import selector_for
@@ -50,13 +50,12 @@ def all_reduce(
         algorithm, options = selector_for(group, device=tensor.device, **options).choose(tensor.numel() * tensor.element_size())
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     flat = (torch.view_as_real(work) if work.is_complex() else work).view(-1)
-    if algorithm == NATIVE:
-        if options:
-            raise ValueError(f"the native all-reduce takes no options; got {', '.join(sorted(options))}")
-        run_native(flat, group=group, observer=observer).wait()
-    else:
+    if has_schedule(algorithm):
         schedule = checked_schedule(algorithm, dist.get_world_size(group), **options)
         run_schedule(schedule, flat, group=group, observer=observer)
+    else:  # native: the group's own all-reduce (it takes no options: the registry says so)
+        resolve_options(algorithm, options)
+        run_native(flat, group=group, observer=observer).wait()
     if work is not tensor:
         tensor.copy_(work)
     return tensor

@@ -1,33 +1,31 @@
-"""The algorithm names an all-reduce can be asked for, checked in one place.
+"""The algorithm names an all-reduce can be asked for: the registry's, and ``"auto"``.
 
-Three kinds of name reach the runtime:
+Two kinds of registered algorithm reach the runtime (see :mod:`ddp_ring_hooks.schedules.registry`):
 
 - a schedule (:data:`ddp_ring_hooks.ALGORITHMS`: ring, tree, ...): run by the executor from
   point-to-point operations;
-- ``"native"``: the process group's own ``all_reduce`` (NCCL's fused ring/tree kernel, gloo's
-  C++ algorithms), run by :func:`~ddp_ring_hooks.runtime.native.run_native`. It has no
-  schedule, so it cannot be explained, animated or priced by a formula of its own;
-- ``"auto"``: a per-size choice among the others (:mod:`~ddp_ring_hooks.runtime.selection`).
+- one without a schedule, ``"native"``: the process group's own ``all_reduce`` (NCCL's fused
+  ring/tree kernel, gloo's C++ algorithms), run by
+  :func:`~ddp_ring_hooks.runtime.native.run_native`.
 
-Every caller that takes a name (``all_reduce``, ``HookState``, ``register``, the Lightning
-strategy, ``bench``) validates it with :func:`check_algorithm_name`, so a new kind of
-algorithm is accepted everywhere by changing this module only.
+``"auto"`` is not an algorithm but a per-size choice among them
+(:mod:`~ddp_ring_hooks.runtime.selection`). Which executor runs a name is decided by
+:func:`has_schedule`, nowhere else.
 """
 
 from __future__ import annotations
 
-from .. import schedules
+from ..schedules import algorithm_names, get_algorithm
 
-#: The group's own all-reduce (no schedule).
+#: The group's own all-reduce (a registry entry without a schedule).
 NATIVE = "native"
 #: Per bucket size, the fastest candidate under a calibrated cost model.
 AUTO = "auto"
 
 
 def runnable_algorithms() -> tuple[str, ...]:
-    """Every algorithm that reduces a tensor by itself: the schedules, then ``native``
-    (also once ``native`` gets a registry record without a builder)."""
-    return (*(a for a in schedules.ALGORITHMS if a != NATIVE), NATIVE)
+    """Every registered algorithm: the schedules, then ``native``."""
+    return algorithm_names()
 
 
 def accepted_algorithms() -> tuple[str, ...]:
@@ -38,13 +36,10 @@ def accepted_algorithms() -> tuple[str, ...]:
 
 def has_schedule(algorithm: str) -> bool:
     """Whether ``algorithm`` is run by the executor from a schedule (``native`` is not)."""
-    return algorithm in schedules.ALGORITHMS
+    return get_algorithm(algorithm).build is not None
 
 
 def check_algorithm_name(algorithm: object, *, allow_auto: bool = True) -> None:
-    """Raise ``ValueError`` unless ``algorithm`` is a known name. An unknown one is refused by
-    the registry (:func:`ddp_ring_hooks.schedules.get_algorithm`), so every entry point gives
-    the same message; ``native`` (not registered: no schedule) and ``auto`` are known here."""
-    if algorithm == NATIVE or (allow_auto and algorithm == AUTO):
-        return
-    schedules.get_algorithm(algorithm)
+    """Raise the registry's ``ValueError`` (naming the choices) unless ``algorithm`` is a known name."""
+    if not (allow_auto and algorithm == AUTO):
+        get_algorithm(algorithm)

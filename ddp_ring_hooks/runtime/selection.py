@@ -22,8 +22,8 @@ the formula knows nothing about. Fitting α, β per algorithm keeps each formula
 time grows with ``n``) and lets the measurement set the constants.
 
 ``native`` has no schedule and no formula of its own (NCCL and gloo pick their algorithm
-inside): it is priced with the ring's shape (:data:`NATIVE_FORMULA`; both libraries run rings
-for the bandwidth-bound sizes) and its own fitted α, β, which carry the difference.
+inside): its registry record prices it with the ring's shape (``priced_as="ring"``; both
+libraries run rings for the bandwidth-bound sizes) and its own fitted α, β, which carry the difference.
 
 Small buckets go to the latency-lean algorithms, large ones to the bandwidth-optimal ones.
 Each distinct bucket size is decided once, cached, and logged on the ``ddp_ring_hooks.auto``
@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from ..cost_model import Calibration, fit
-from ..schedules import checked_schedule
+from ..schedules import checked_schedule, formula_for, get_algorithm, resolve_options
 from ..schedules.hierarchical import resolve_local_size
 from .collectives import all_gather_ints, device_of, time_calls
 from .compat import broadcast_from_first
@@ -53,8 +53,6 @@ from .native import run_native
 
 __all__ = ["AUTO", "NATIVE", "AutoSelector", "agreed_local_size", "calibrate", "default_candidates", "selector_for"]
 
-#: The formula ``native`` is priced with (its α, β are fitted to its own timings).
-NATIVE_FORMULA = "ring"
 
 #: Bytes per rank of the probe's all-reduces: latency-bound, middle, bandwidth-bound.
 PROBE_SIZES = (1024, 128 * 1024, 2 * 1024 * 1024)
@@ -88,17 +86,12 @@ def calibrate(
     fitted = []
     for algorithm in candidates:
         samples = [(nbytes, _time_all_reduce(algorithm, options.get(algorithm, {}), nbytes, group, device, repeats)) for nbytes in sizes]
-        mine = fit(samples, algorithm=formula_of(algorithm), world_size=world_size, **options.get(algorithm, {}))
+        mine = fit(samples, algorithm=formula_for(algorithm), world_size=world_size, **options.get(algorithm, {}))
         fitted += [mine.alpha, mine.beta]
     agreed = torch.tensor(fitted, dtype=torch.float64, device=device)
     broadcast_from_first(agreed, group=group)
     values = agreed.tolist()
     return {a: Calibration(values[2 * i], values[2 * i + 1]) for i, a in enumerate(candidates)}
-
-
-def formula_of(algorithm: str) -> str:
-    """The cost-model formula ``algorithm`` is priced with (``native`` borrows the ring's)."""
-    return NATIVE_FORMULA if algorithm == NATIVE else algorithm
 
 
 def _time_all_reduce(algorithm: str, options: Mapping, nbytes: int, group, device: torch.device, repeats: int) -> float:
@@ -198,7 +191,7 @@ class AutoSelector:
     def predictions(self, nbytes: int) -> dict[str, float]:
         """Predicted seconds of every candidate for a bucket of ``nbytes``."""
         return {
-            a: self.calibration[a].predict(formula_of(a), nbytes, self.world_size, **self.options.get(a, {}))
+            a: self.calibration[a].predict(formula_for(a), nbytes, self.world_size, **self.options.get(a, {}))
             for a in self.candidates
         }
 
@@ -237,8 +230,7 @@ def default_candidates(world_size: int, local_size: int | None = None) -> tuple[
 
 
 def _candidates_for(world_size: int, ranks_per_node: int | None) -> tuple[str, ...]:
-    several_multi_rank_nodes = ranks_per_node is not None and 1 < ranks_per_node < world_size
-    return tuple(a for a in runnable_algorithms() if a != "hierarchical" or several_multi_rank_nodes)
+    return tuple(a for a in runnable_algorithms() if get_algorithm(a).applies(world_size, ranks_per_node))
 
 
 def _resolved_or_none(world_size: int, local_size: int | None) -> int | None:
@@ -278,10 +270,11 @@ def schedule_options(
     unknown = [a for a in candidates if a not in known]
     if unknown or not candidates:
         raise ValueError(f"auto candidates must be some of {', '.join(known)}; got {candidates}")
-    options: dict[str, dict[str, int]] = {"tree": {"segments": segments}}
-    if "hierarchical" in candidates:
-        options["hierarchical"] = {"local_size": resolve_local_size(world_size, local_size)}
-    return options
+    given = {"segments": segments, "local_size": local_size}
+    return {
+        a: resolve_options(a, {name: given[name] for name in get_algorithm(a).option_names if given.get(name) is not None})
+        for a in candidates
+    }
 
 
 _SELECTORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

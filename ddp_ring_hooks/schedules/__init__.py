@@ -16,8 +16,8 @@ from .hierarchical import build_hierarchical_schedule, hierarchical_cost
 from .ir import Op, RankStep, Receive, Schedule, Send, Step, Transfer
 from .naive import build_naive_schedule, naive_cost
 from .registry import (
-    Algorithm, CostTerms, Option, algorithm_examples, algorithm_names, get_algorithm, register_algorithm,
-    resolve_options,
+    Algorithm, CostTerms, Option, algorithm_examples, algorithm_names, formula_for, get_algorithm,
+    register_algorithm, resolve_options,
 )
 from .replay import final_state, replay
 from .ring import build_ring_schedule, ring_cost
@@ -66,6 +66,13 @@ register_algorithm(Algorithm(
     examples=lambda p: tuple({"local_size": g} for g in _proper_divisors(p)),
 ))
 
+register_algorithm(Algorithm(
+    "native", "the process group's own all_reduce (NCCL's or gloo's), timed by the hook",
+    # No schedule and no formula: NCCL and gloo choose their algorithm inside. Both run rings
+    # for large buffers, so calibration fits its own α, β with the ring's shape.
+    build=None, cost=None, priced_as="ring",
+))
+
 #: Names of the algorithms that run a schedule (what ``ddp_ring_hooks.ALGORITHMS`` lists).
 ALGORITHMS: tuple[str, ...] = tuple(name for name in algorithm_names() if get_algorithm(name).build is not None)
 
@@ -98,6 +105,6 @@ __all__ = [
     "ALGORITHMS", "Algorithm", "CostTerms", "Option", "Op", "RankStep", "Receive", "Schedule", "ScheduleError", "Send",
     "Step", "Transfer", "build_halving_doubling_schedule", "build_hierarchical_schedule",
     "build_naive_schedule", "build_ring_schedule", "build_tree_schedule", "build_schedule", "check_all_reduce",
-    "algorithm_examples", "algorithm_names", "checked_schedule", "final_state", "get_algorithm",
+    "algorithm_examples", "algorithm_names", "checked_schedule", "final_state", "formula_for", "get_algorithm",
     "register_algorithm", "replay", "resolve_options",
 ]

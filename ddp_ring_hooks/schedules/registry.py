@@ -8,6 +8,7 @@ consumer keeps a list of names or an ``if algorithm == ...`` chain of its own:
                 algorithm has no schedule, e.g. ``native``, the group's own all-reduce)
 ``options``     its :class:`Option` s: names, defaults, checks, and where a default comes from
 ``cost``        its α-β-γ :class:`CostTerms` for ``p`` ranks (the cost model multiplies them out)
+``priced_as``   without a ``cost`` of its own: the algorithm whose terms it is fitted with
 ``layout``      how to draw it: ``"ring"``, ``"tree"``, ``"star"`` or ``"nodes"``
 ``applies``     whether it makes sense for ``world_size`` ranks in nodes of ``local_size``
 ``examples``    valid option sets for ``p`` ranks (the test grids enumerate them)
@@ -82,6 +83,7 @@ class Algorithm:
     summary: str
     build: Callable[..., Schedule] | None
     cost: Callable[..., CostTerms] | None = None
+    priced_as: str | None = None
     layout: str = "ring"
     options: tuple[Option, ...] = ()
     applies: Callable[[int, "int | None"], bool] = lambda world_size, local_size: True
@@ -122,6 +124,13 @@ def get_algorithm(name: str) -> Algorithm:
             f"{', '.join(_REGISTRY)} (or 'auto', where an algorithm is chosen per bucket)"
         )
     return algorithm
+
+
+def formula_for(name: str) -> str:
+    """The algorithm whose cost terms price ``name``: itself, or the one it is ``priced_as``
+    (``native`` is fitted to its own timings with the ring's shape)."""
+    algorithm = get_algorithm(name)
+    return name if algorithm.cost is not None else (algorithm.priced_as or name)
 
 
 def resolve_options(name: str, options: Mapping[str, object] | None = None, *, world_size: int | None = None) -> dict:

@@ -226,7 +226,7 @@ def test_bad_arguments_get_errors_that_name_the_fix():
 
 @pytest.mark.timeout(400)
 def test_the_readme_resume_command_continues_in_the_same_run(tmp_path):
-    """train_char_lm.py, then the same command with --resume, as the README prints them: the
+    """train_char_lm.py, then the same command with --resume, as docs/lightning.md prints them: the
     second run trains --max-steps more steps (it once trained none and ended in
     KeyError: 'train/loss') and continues the first run's TensorBoard curve (it once left an
     empty version_1)."""

@@ -150,3 +150,18 @@ def test_rounds_that_agree_raise_no_warning(sweep_module):
     records = _records(sweep_module, {1: [80.0, 90.0, 85.0], 2: [100.0, 112.0, 106.0], 8: [110.0, 124.0, 117.0]})
     assert sweep_module.agreement_warnings(records, tolerance=0.10) == []
     assert [r["speedup"] for r in records][0] == 1.0
+
+
+def test_the_readme_picture_is_drawn_from_a_runs_event_files(sweep, tmp_path):
+    sys.path.insert(0, str(SWEEP.parent))
+    try:
+        import plot_tensorboard_run
+    finally:
+        sys.path.remove(str(SWEEP.parent))
+    run = sweep["output"] / "version_0"
+    scalars = plot_tensorboard_run.read_scalars(run / "accumulate_2" / "round_0")
+    assert set(scalars) == set(plot_tensorboard_run.TAGS)
+    assert [step for step, _ in scalars["comm/step/total_ms"]] == list(range(STEPS + WARMUP_STEPS))
+    image = tmp_path / "scalars.png"
+    plot_tensorboard_run.main([str(run), "--output", str(image)])
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -58,6 +58,7 @@ def test_results_json_holds_one_sane_record_per_setting(sweep):
         assert record["world_size"] == 2
         assert record["buckets_per_step"] > 1
         assert record["measured_steps"] == STEPS  # the same for every k
+        assert record["micro_batches"] == (STEPS + WARMUP_STEPS) * record["accumulate_grad_batches"]
         low, high = record["samples_per_s_spread"]
         assert low <= record["samples_per_s"] <= high
         assert len(record["speedup_by_round"]) == 2
@@ -115,7 +116,7 @@ def sweep_module():
 def _records(module, by_round: dict[int, list[float]]):
     import argparse
 
-    args = argparse.Namespace(seq_len=64, micro_batch=4, algorithm="ring")
+    args = argparse.Namespace(seq_len=64, micro_batch=4, algorithm="ring", warmup_steps=1, steps=10)
     ks = sorted(by_round)
     rounds = len(by_round[ks[0]])
     runs = {

@@ -225,7 +225,7 @@ def combine_rounds(runs: list[dict], args: argparse.Namespace) -> dict:
         "speedup_spread": [min(by_round["speedup"]), max(by_round["speedup"])],
         "rounds": len(runs),
         "measured_steps": first["measured_steps"],
-        "micro_batches": first["measured_steps"] * first["accumulate_grad_batches"],
+        "micro_batches": (args.warmup_steps + args.steps) * first["accumulate_grad_batches"],  # per rank, trained
         "micro_batch": args.micro_batch,
         "buckets_per_step": first["buckets_per_step"],
         "world_size": first["world_size"],

@@ -34,7 +34,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -49,6 +48,7 @@ from .runtime.collectives import time_calls
 from .runtime.names import AUTO, NATIVE, accepted_algorithms
 from .schedules import ALGORITHMS
 from .telemetry.records import bandwidths_GBps
+from .units import format_size, parse_size  # noqa: F401 - re-exported: bench.parse_size
 
 #: ``dist.all_reduce`` (the backend's own algorithm): the baseline every sweep includes.
 
@@ -59,8 +59,6 @@ DTYPES: dict[str, torch.dtype] = {
     "half": torch.float16, "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
-
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,23 +78,6 @@ class BenchRecord:
     def as_dict(self) -> dict:
         """The record as plain JSON-ready data."""
         return asdict(self)
-
-
-def parse_size(text: str) -> int:
-    """``"4K"`` -> 4096: bytes, with binary suffixes K, M, G as in nccl-tests (``B``/``iB`` allowed)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:I?B)?\s*", text.upper())
-    if not match:
-        raise ValueError(f"cannot read size {text!r}; write bytes like 4096, 4K, 64M or 1G")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
-
-
-def format_size(nbytes: int) -> str:
-    """4096 -> ``"4K"``; sizes that are not a whole number of K/M/G stay in bytes."""
-    for suffix in ("G", "M", "K"):
-        unit = _SIZE_UNITS[suffix]
-        if nbytes >= unit and nbytes % unit == 0:
-            return f"{nbytes // unit}{suffix}"
-    return str(nbytes)
 
 
 def size_sweep(*, begin: int, end: int, factor: int = 2) -> list[int]:

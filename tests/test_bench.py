@@ -68,6 +68,24 @@ def test_bench_command_writes_checked_records_and_a_plot(tmp_path):
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.timeout(120)
+def test_bench_on_one_size_skips_the_fit_and_still_writes_its_files(tmp_path):
+    # One size cannot separate latency from bandwidth: the fit once raised a traceback after
+    # the table, and --json and --plot were never written.
+    json_path, plot_path = tmp_path / "one.json", tmp_path / "one.png"
+    command = [
+        sys.executable, "-m", "ddp_ring_hooks", "bench", "--nproc", "2", "-b", "64K", "-e", "64K", "-w", "1",
+        "-n", "2", "--algorithms", "ring,native", "--json", str(json_path), "--plot", str(plot_path),
+        "--no-progress", "--timeout", "60",
+    ]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert "# alpha-beta fit skipped: it needs 2 or more message sizes and this sweep has one (64K)" in done.stdout
+    assert {(r["algorithm"], r["nbytes"]) for r in json.loads(json_path.read_text())} == {("ring", 65536), ("native", 65536)}
+    assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_bench_rejects_bad_arguments_before_starting_ranks(capsys):
     assert cli_main(["bench", "-b", "64M", "-e", "4K"]) == 2
     assert "swap -b and -e" in capsys.readouterr().err
@@ -170,7 +188,7 @@ def test_sizes_read_and_sweep_like_nccl_tests():
     assert [format_size(n) for n in (4096, 3 * 1024**2, 1000)] == ["4K", "3M", "1000"]
     with pytest.raises(ValueError, match="factor"):
         size_sweep(begin=4, end=8, factor=1)
-    with pytest.raises(ValueError, match="4096, 4K"):
+    with pytest.raises(ValueError, match="4096, 64K"):
         parse_size("4Q")
 
 

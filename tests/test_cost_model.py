@@ -151,11 +151,11 @@ def test_fit_drops_parameters_that_would_be_negative_and_names_bad_input():
 
 
 def test_units_parse_like_people_write_them():
-    assert parse_size("1GB") == 1e9 and parse_size("4MiB") == 4 * 2**20 and parse_size("512") == 512
+    assert parse_size("1GB") == 2**30 and parse_size("4MiB") == 4 * 2**20 and parse_size("512") == 512
     assert parse_bandwidth("100GB/s") == 100e9 and parse_bandwidth("25Gb/s") == 25e9 / 8
     assert parse_bandwidth("10Gbit/s") == parse_bandwidth("10Gbps") == 1.25e9
     assert parse_time("5us") == pytest.approx(5e-6) and parse_time("2ms") == pytest.approx(2e-3)
-    with pytest.raises(ValueError, match="unknown size unit"):
+    with pytest.raises(ValueError, match="cannot read size"):
         parse_size("3 bananas")
 
 
@@ -166,7 +166,7 @@ def test_model_cli_prints_the_predicted_table(capsys):
     rows = {line.split()[0]: line.split() for line in table}
     assert set(rows) == set(ALGORITHMS) - {"hierarchical"}
     for algorithm, cells in rows.items():
-        expected = [format_seconds(predict(algorithm, 1e9, p, alpha=5e-6, beta=1e-11)) for p in (4, 8, 64)]
+        expected = [format_seconds(predict(algorithm, 2**30, p, alpha=5e-6, beta=1e-11)) for p in (4, 8, 64)]
         assert " ".join(cells[1:]) == " ".join(expected)
     assert "ring barely grows with p" in out and "it beats the ring below" in out
 
@@ -186,3 +186,36 @@ def test_model_cli_tree_crossover_follows_segments(capsys):
     crossover = parse_size(out.split("it beats the ring below ")[1].split(" per rank")[0].replace(" ", ""))
     tree, ring = (predict(a, crossover, 8, alpha=5e-6, beta=1e-11, **o) for a, o in (("tree", {"segments": 4}), ("ring", {})))
     assert tree == pytest.approx(ring, rel=0.01)  # the printed size is where the two times meet
+
+
+def test_every_command_reads_sizes_with_one_parser_and_says_so_once():
+    from ddp_ring_hooks import bench, units
+    from ddp_ring_hooks.cli import model
+    from ddp_ring_hooks.cli.__main__ import build_parser
+
+    assert model.parse_size is bench.parse_size is units.parse_size
+    # model once rejected 64K and read 64KB as 64,000 bytes, while bench read 64K as 65,536.
+    assert parse_size("64K") == parse_size("64KB") == parse_size("64KiB") == parse_size("65536") == 65536
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for name in ("model", "bench"):
+        text = " ".join(commands[name].format_help().split())
+        assert text.count(units.SIZE_HELP) == 1, (name, text)
+
+
+def test_help_shows_no_docstring_markup():
+    from ddp_ring_hooks.cli.__main__ import build_parser
+
+    for name, command in build_parser()._subparsers._group_actions[0].choices.items():
+        text = command.format_help()
+        assert "``" not in text and ":mod:" not in text and ":func:" not in text, (name, text)
+
+
+def test_model_commentary_is_true_for_the_size_asked(capsys):
+    # At 64 KB the ring's latency term dominates: the table shows it growing about 20x with p.
+    assert main(["model", "--size", "64KB", "--world-sizes", "4,8,64"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "barely grows" not in out
+    growth = predict("ring", 2**16, 64, alpha=5e-6, beta=1e-11) / predict("ring", 2**16, 4, alpha=5e-6, beta=1e-11)
+    assert f"ring grows {growth:.3g}x from p=4 to p=64 at this size" in out, out
+    assert main(["model", "--size", "1GB", "--world-sizes", "4,8,64"]) == 0
+    assert "ring barely grows with p" in capsys.readouterr().out

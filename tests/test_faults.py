@@ -58,7 +58,32 @@ def _train_until_a_peer_dies(rank: int, world_size: int, victim: int, directory:
     return {"step": None, "seconds": None, "message": "no error"}
 
 
-def _run_with_a_victim(world_size: int, victim: int, timeout: float) -> tuple[dict[int, dict], int]:
+def _bucket_after_the_peer_died(rank: int, world_size: int, victim: int, directory: str) -> dict:
+    """The victim dies between two steps; the survivor's next bucket then fails when it posts
+    its first send, before anything waits (the error once carried only gloo's socket text)."""
+    import ddp_ring_hooks
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(torch.nn.Linear(64, 64))
+    ddp_ring_hooks.register(model)
+    for _ in range(2):  # healthy steps: connections up, DDP's bucket rebuild (a broadcast of its own) done
+        model(torch.randn(4, 64)).sum().backward()
+    dist.barrier()
+    if rank == victim:
+        Path(directory, "killed_at").write_text(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(1.5)  # the victim's sockets are closed by now
+    try:
+        model(torch.randn(4, 64)).sum().backward()
+    except RuntimeError as error:
+        return {"step": 2, "seconds": 0.0, "message": str(error)}
+    return {"step": None, "seconds": None, "message": "no error"}
+
+
+def _run_with_a_victim(
+    world_size: int, victim: int, timeout: float, target=_train_until_a_peer_dies
+) -> tuple[dict[int, dict], int]:
     """Like ``run_ranks``, but one rank is expected to die: collect the others' results."""
     context = mp.get_context("spawn")
     results = context.Queue()
@@ -66,7 +91,7 @@ def _run_with_a_victim(world_size: int, victim: int, timeout: float) -> tuple[di
         processes = [
             context.Process(
                 target=_rank_main,
-                args=(_train_until_a_peer_dies, rank, world_size, os.path.join(directory, "store"),
+                args=(target, rank, world_size, os.path.join(directory, "store"),
                       PG_TIMEOUT, results, (victim, directory)),
                 daemon=True,
             )
@@ -110,6 +135,14 @@ def test_survivors_of_a_killed_rank_fail_fast_naming_hook_bucket_and_peer():
     assert f"waiting to receive from rank {VICTIM}" in survivors[0]["message"] or \
         f"waiting to send to rank {VICTIM}" in survivors[0]["message"]
     assert f"rank {VICTIM}" in survivors[VICTIM - 1]["message"]
+
+
+@pytest.mark.timeout(90)
+def test_a_peer_dead_before_the_bucket_is_named_by_rank():
+    survivors, _ = _run_with_a_victim(2, 1, timeout=60, target=_bucket_after_the_peer_died)
+    message = survivors[0]["message"]
+    assert "ring_hook: bucket 0 of iteration 2" in message, message
+    assert "of the ring all-reduce failed on rank 0 waiting to send to rank 1:" in message, message
 
 
 @pytest.mark.timeout(150)

@@ -239,3 +239,38 @@ def test_bad_arguments_get_errors_that_name_the_fix():
     trainer = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp", logger=False, enable_progress_bar=False)
     with pytest.raises(TypeError, match='pass strategy="ddp_ring"'):
         CommTimingLogger().setup(trainer, None, "fit")
+
+
+@pytest.mark.timeout(400)
+def test_the_readme_resume_command_continues_in_the_same_run(tmp_path):
+    """train_char_lm.py, then the same command with --resume, as docs/lightning.md prints them: the
+    second run trains --max-steps more steps (it once trained none and ended in
+    KeyError: 'train/loss') and continues the first run's TensorBoard curve (it once left an
+    empty version_1)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    root = Path(__file__).resolve().parents[1]
+    output = tmp_path / "char_lm"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        str(root / "train_examples" / "train_char_lm.py"), "--max-steps", "2", "--micro-batch", "2",
+        "--seq-len", "16", "--width", "32", "--layers", "1", "--heads", "2", "--output-dir", str(output),
+    ]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+
+    def train(*extra: str) -> str:
+        done = subprocess.run([*command, *extra], env=environment, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    train()
+    (checkpoint,) = (output / "version_0" / "checkpoints").glob("*.ckpt")
+    assert "trained optimizer steps 3-4" in train("--resume", str(checkpoint))
+    assert sorted(p.name for p in output.iterdir()) == ["version_0"]
+    events = EventAccumulator(str(output / "version_0"))
+    events.Reload()
+    assert sorted({event.step for event in events.Scalars("train/loss")}) == [0, 1, 2, 3]

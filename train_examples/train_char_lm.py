@@ -10,15 +10,23 @@ hook's communication timing (``comm/*``) and the throughput (``throughput/*``) i
 TensorBoard run as the loss, with the optimizer step as the x axis.
 
 A checkpoint is saved at the end (``--output-dir/version_N/checkpoints``); ``--resume PATH``
-continues from one, with the hook attached again. ``--strategy ddp`` runs Lightning's plain
+continues from one for ``--max-steps`` more steps, with the hook attached again, in the same
+TensorBoard run (its step axis continues)::
+
+    torchrun --standalone --nproc_per_node=2 train_examples/train_char_lm.py \
+        --resume runs/char_lm/version_0/checkpoints/epoch=0-step=200.ckpt     # steps 201-400
+
+ ``--strategy ddp`` runs Lightning's plain
 DDP for comparison. Multi-node: the usual torchrun flags (``--nnodes``, ``--rdzv-endpoint``).
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import lightning.pytorch as pl
+import torch
 from char_lm import add_model_arguments, make_dataloader, model_from_args, quiet_lightning, torchrun_placement
 from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -32,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="ddp_ring: our hook; ddp: Lightning's plain DDP (default: %(default)s)")
     parser.add_argument("--algorithm", choices=accepted_algorithms(), default="ring",
                         help="all-reduce algorithm of the hook (default: %(default)s)")
-    parser.add_argument("--max-steps", type=int, default=200, help="optimizer steps to train (default: %(default)s)")
+    parser.add_argument("--max-steps", type=int, default=200,
+                        help="optimizer steps to train; with --resume, steps beyond the checkpoint's (default: %(default)s)")
     parser.add_argument("--micro-batch", type=int, default=8,
                         help="sequences per rank per forward/backward (default: %(default)s)")
     parser.add_argument("--accumulate-grad-batches", type=int, default=1,
@@ -44,6 +53,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", metavar="CKPT", default=None, help="continue from this Lightning checkpoint")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and data order (default: %(default)s)")
     return parser.parse_args(argv)
+
+
+def resume_point(checkpoint: str | None, output_dir: str) -> tuple[int, TensorBoardLogger]:
+    """The checkpoint's optimizer step (0 without one) and the TensorBoard logger to continue in.
+
+    A checkpoint Lightning saved under ``<run>/checkpoints/`` continues in ``<run>``, so the
+    loss curve goes on where it stopped instead of in an empty new ``version_N``."""
+    if checkpoint is None:
+        return 0, TensorBoardLogger(output_dir, name="", default_hp_metric=False)
+    path = Path(checkpoint).resolve()
+    if not path.is_file():
+        raise SystemExit(f"--resume {checkpoint}: no such checkpoint file")
+    step = int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
+    if path.parent.name != "checkpoints":
+        return step, TensorBoardLogger(output_dir, name="", default_hp_metric=False)
+    run = path.parent.parent
+    return step, TensorBoardLogger(run.parent, name="", version=run.name, default_hp_metric=False)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,12 +87,13 @@ def main(argv: list[str] | None = None) -> None:
     else:
         strategy = pl.strategies.DDPStrategy(bucket_cap_mb=args.bucket_cap_mb)
 
+    start_step, logger = resume_point(args.resume, args.output_dir)
     trainer = pl.Trainer(
         **torchrun_placement(),
         strategy=strategy,
-        max_steps=args.max_steps,
+        max_steps=start_step + args.max_steps,
         accumulate_grad_batches=args.accumulate_grad_batches,
-        logger=TensorBoardLogger(args.output_dir, name="", default_hp_metric=False),
+        logger=logger,
         callbacks=callbacks,
         log_every_n_steps=1,
         enable_model_summary=False,
@@ -74,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     trainer.fit(model, data, ckpt_path=args.resume)
 
     if trainer.is_global_zero:
-        print(f"trained {trainer.global_step} optimizer steps; final loss {trainer.callback_metrics['train/loss']:.3f}")
+        print(f"trained optimizer steps {start_step + 1}-{trainer.global_step}; "
+              f"final loss {float(trainer.callback_metrics['train/loss']):.3f}")
         print(f"TensorBoard run: {trainer.logger.log_dir}   (tensorboard --logdir {args.output_dir})")
         if isinstance(strategy, RingDDPStrategy):
             print(strategy.hook_state.summary())

@@ -7,6 +7,7 @@ name, so adding a command never touches this file or ``__main__``.
 
 from __future__ import annotations
 
+import re
 import sys
 
 
@@ -15,3 +16,15 @@ def fail(command: str, message: str) -> int:
     exit code of a usage error (as argparse does)."""
     print(f"ddp-ring-hooks {command}: error: {message}", file=sys.stderr)
     return 2
+
+
+def plain(text: str | None) -> str | None:
+    """Docstring markup out of text shown in a terminal: ``x`` and :mod:`x` become x.
+
+    Subcommands take their --help from their module docstrings, which Sphinx-style markup
+    keeps readable in the source but litters with backticks on screen."""
+    if not text:
+        return text
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    return text.replace("::\n", ":\n")

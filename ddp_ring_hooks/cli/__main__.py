@@ -21,6 +21,11 @@ def build_parser() -> argparse.ArgumentParser:
         if module.startswith("_"):
             continue
         importlib.import_module(f"{cli.__name__}.{module}").add_parser(subparsers)
+    for command in subparsers.choices.values():  # --help shows text, not docstring markup
+        command.description = cli.plain(command.description)
+        command.epilog = cli.plain(command.epilog)
+        for action in command._actions:
+            action.help = cli.plain(action.help)
     return parser
 
 

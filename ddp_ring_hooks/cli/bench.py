@@ -21,6 +21,7 @@ from .. import bench
 from ..launch import run_on_ranks, under_torchrun
 from ..runtime.collectives import device_of
 from ..schedules import ALGORITHMS
+from ..units import SIZE_HELP
 from . import fail
 
 
@@ -31,10 +32,11 @@ def add_parser(subparsers) -> None:
         help="time every all-reduce algorithm against dist.all_reduce, nccl-tests style",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=SIZE_HELP,
     )
     sweep = parser.add_argument_group("sweep (as in nccl-tests)")
     sweep.add_argument("-b", "--minbytes", default="4K", metavar="SIZE",
-                       help="smallest message size, e.g. 4096, 4K, 1M (K/M/G are binary) (default: 4K)")
+                       help="smallest message size, e.g. 4096, 4K, 1M (default: 4K)")
     sweep.add_argument("-e", "--maxbytes", default="64M", metavar="SIZE",
                        help="largest message size (default: 64M)")
     sweep.add_argument("-f", "--stepfactor", type=int, default=2, metavar="F",
@@ -111,7 +113,13 @@ def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[
     if rank != 0:
         return wrong
     sys.stdout.write(bench.format_table(records))
-    fitted = bench.model_errors(records)
+    sizes_measured = sorted({r.nbytes for r in records})
+    # The fit needs two sizes or more to tell latency from bandwidth; one size still gives
+    # the table, --json and --plot.
+    fitted = bench.model_errors(records) if len(sizes_measured) > 1 else {}
+    if len(sizes_measured) == 1:
+        print(f"# alpha-beta fit skipped: it needs 2 or more message sizes and this sweep has one "
+              f"({bench.format_size(sizes_measured[0])}); give -e larger than -b to fit the model")
     if fitted:
         print("# alpha-beta model fitted per algorithm to these times (ddp_ring_hooks.cost_model):")
         for algorithm, (calibration, error) in fitted.items():

@@ -5,8 +5,9 @@ world sizes side by side, and the two lessons the numbers teach printed under th
 
     $ ddp-ring-hooks model --size 1GB --world-sizes 4,8,64 --bandwidth 100GB/s --latency 5us
 
-Sizes take B, KB, MB, GB (powers of 1000) or KiB, MiB, GiB (powers of 1024); bandwidths the
-same units per second (``GB/s``), or bits (``Gb/s``, ``Gbit/s``); latencies ns, us (µs), ms, s.
+Sizes are binary (K, KB, KiB = 1024 bytes, as ``bench`` reads them); bandwidths are decimal,
+as links are quoted: ``GB/s`` = 1e9 bytes/s, ``GiB/s`` = 2^30, bits as ``Gb/s`` or ``Gbit/s``;
+latencies ns, us (µs), ms, s.
 """
 
 from __future__ import annotations
@@ -17,23 +18,17 @@ import textwrap
 
 from ..cost_model import coefficients, predict
 from ..schedules import algorithm_names, get_algorithm
+from ..units import SIZE_HELP, parse_size  # noqa: F401 - one size parser for every command
+from ..units import format_bytes as format_size
 from ..viz.text import format_seconds
 from . import fail
 
-_SIZE_UNITS = {
+_SIZE_UNITS = {  # of bandwidths only: GB/s is 1e9 B/s as links are quoted
     "": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
 _BIT_PREFIXES = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-
-
-def parse_size(text: str) -> float:
-    """``"1GB"`` -> 1e9, ``"4MiB"`` -> 4194304, ``"512"`` -> 512 (bytes)."""
-    number, unit = _split(text, "size", "1GB, 64MiB or 512")
-    if unit.lower() not in _SIZE_UNITS:
-        raise ValueError(f"unknown size unit {unit!r} in {text!r}; use B, KB, MB, GB, KiB, MiB or GiB")
-    return number * _SIZE_UNITS[unit.lower()]
 
 
 def parse_bandwidth(text: str) -> float:
@@ -78,8 +73,9 @@ def add_parser(subparsers) -> None:
         "model",
         help="predicted all-reduce time per algorithm and world size (alpha-beta-gamma model)",
         description=__doc__.split("\n\n")[0],
+        epilog=f"{SIZE_HELP} Bandwidths are decimal (GB/s = 1e9 B/s; Gb/s in bits).",
     )
-    parser.add_argument("--size", default="1GB", help="bytes per rank to all-reduce; a comma list gives one table each (default: 1GB)")
+    parser.add_argument("--size", default="1GB", help="bytes per rank to all-reduce, e.g. 64K or 1GB; a comma list gives one table each (default: 1GB)")
     parser.add_argument("--world-sizes", default="4,8,64", help="comma-separated numbers of ranks, one column each (default: 4,8,64)")
     parser.add_argument("--bandwidth", default="100GB/s", help="link bandwidth, e.g. 100GB/s or 200Gb/s (default: 100GB/s)")
     parser.add_argument("--latency", default="5us", help="per-message latency alpha, e.g. 5us (default: 5us)")
@@ -155,7 +151,7 @@ def render_table(nbytes, world_sizes, algorithms, params, local, local_size, seg
     """The table for one size plus the lines that explain it."""
     gamma = f", gamma {params['gamma'] * 1e12:.3g} ps/B" if params["gamma"] else ""
     lines = [
-        f"all-reduce of {format_bytes(nbytes)} per rank: alpha {format_seconds(params['alpha'])}, "
+        f"all-reduce of {format_size(nbytes)} per rank: alpha {format_seconds(params['alpha'])}, "
         f"bandwidth {format_bytes(1 / params['beta'])}/s{gamma}",
     ]
     header = ["algorithm"] + [f"p={p}" for p in world_sizes]
@@ -184,20 +180,29 @@ def render_table(nbytes, world_sizes, algorithms, params, local, local_size, seg
 
 
 def explain(nbytes: float, world_sizes: list[int], params: dict, segments: int = 1) -> list[str]:
-    """Why the ring barely grows with p, and below which size the tree beats it."""
+    """How the ring's time grows with p at this size (barely when bandwidth-bound, steeply when
+    latency-bound), and below which size the tree beats it."""
     alpha, beta, gamma = params["alpha"], params["beta"], params["gamma"]
     low, high = min(world_sizes), max(world_sizes)
     if high < 2:
         return ["", "one rank: nothing to communicate."]
     ring = {p: coefficients("ring", p) for p in (low, high)}
-    lines = [
-        "",
-        f"ring barely grows with p: each rank sends 2(p-1)/p of the buffer, "
-        f"{format_seconds(ring[low][1] * nbytes * beta)} at p={low} and "
-        f"{format_seconds(ring[high][1] * nbytes * beta)} at p={high}, never more than 2n/B = "
-        f"{format_seconds(2 * nbytes * beta)}; only its latency 2(p-1)*alpha grows linearly, "
-        f"{format_seconds(ring[low][0] * alpha)} -> {format_seconds(ring[high][0] * alpha)}.",
-    ]
+    sent = {p: format_seconds(ring[p][1] * nbytes * beta) for p in (low, high)}
+    latency = {p: format_seconds(ring[p][0] * alpha) for p in (low, high)}
+    growth = predict("ring", nbytes, high, **params) / predict("ring", nbytes, max(low, 2), **params)
+    if growth < 1.5:  # bandwidth-bound: the lesson of the article's table
+        ring_line = (
+            f"ring barely grows with p: each rank sends 2(p-1)/p of the buffer, {sent[low]} at p={low} and "
+            f"{sent[high]} at p={high}, never more than 2n/B = {format_seconds(2 * nbytes * beta)}; only its "
+            f"latency 2(p-1)*alpha grows linearly, {latency[low]} -> {latency[high]}."
+        )
+    else:  # latency-bound: say so, the table shows it
+        ring_line = (
+            f"ring grows {growth:.3g}x from p={low} to p={high} at this size: its latency 2(p-1)*alpha, "
+            f"{latency[low]} -> {latency[high]}, outweighs the bytes each rank sends, {sent[low]} -> {sent[high]} "
+            f"(never more than 2n/B); algorithms with fewer steps win here."
+        )
+    lines = ["", ring_line]
     tree_name = f"tree ({segments} segments)" if segments > 1 else "tree"
     for p in world_sizes:
         if p < 2:
@@ -208,7 +213,7 @@ def explain(nbytes: float, world_sizes: list[int], params: dict, segments: int =
         extra = (tree_sent - ring_sent) * beta + (tree_added - ring_added) * gamma  # per byte it pays more
         if saved > 0 and extra > 0:
             lines.append(f"{tree_name} at p={p}: {tree_steps:g} latency steps instead of {ring_steps:g}; "
-                         f"it beats the ring below {format_bytes(saved / extra)} per rank.")
+                         f"it beats the ring below {format_size(saved / extra)} per rank.")
     lines.append("halving_doubling: the ring's bytes in 2 lg p steps when p is a power of two; "
                  "otherwise its fold adds two whole-buffer messages.")
     return lines

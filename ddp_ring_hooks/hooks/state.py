@@ -20,7 +20,7 @@ How a bucket is reduced is decided in one place, :meth:`HookState._launch`:
   and two buckets can be on the wire at once, as gloo's own two worker threads do for DDP's
   default hook. Measured on 2 cores (8x1024 MLP, 8 buckets, ``benchmarks/ddp_step.py``): with
   one lane the ring hook's step took 1.06x (2 ranks) and 1.14x (4 ranks) the default's; with
-  two, see the README.
+  two, see docs/benchmarks.md.
 
 Either way the buffer is first divided by the group size, as PyTorch's ``allreduce_hook``
 does (dividing first keeps fp16 sums from overflowing), so the result is the average.

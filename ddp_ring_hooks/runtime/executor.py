@@ -183,12 +183,15 @@ class _Execution:
         return self.scratch[message.scratch : message.scratch + segment.numel()]
 
     def _wait(self, unit: Unit, works: list[dist.Work]) -> None:
-        work = None
+        position = 0
         try:
-            for work in works:
+            for position, work in enumerate(works):
                 work.wait()
         except RuntimeError as error:  # name the step and the peer, not just a socket
-            raise self._failure(error, unit, works, work) from error
+            # When the backend coalesced the batch into fewer works than messages (NCCL may),
+            # the failed transfer is unknown and the unit's first message stands for it.
+            coalesced = len(works) != len(unit.sends) + len(unit.receives)
+            raise self._failure(error, unit, 0 if coalesced else position) from error
 
     def _land(self, event: Complete) -> None:
         segments, divisor = self.segments, self.divisor
@@ -206,11 +209,10 @@ class _Execution:
             step = event.unit.step
             self.observer.on_step(step, self.schedule.plan_for(self.rank)[step], self.program.chunk_bytes)
 
-    def _failure(self, error: RuntimeError, unit: Unit, works: list[dist.Work], failed: dist.Work | None) -> StepFailedError:
+    def _failure(self, error: RuntimeError, unit: Unit, position: int) -> StepFailedError:
+        """The error naming the step and the peer of the unit's ``position``-th message (sends
+        first, then receives: the order they are posted and waited for)."""
         messages = [("send to", m) for m in unit.sends] + [("receive from", m) for m in unit.receives]
-        # When the backend coalesced the batch into fewer works than messages (NCCL may), the
-        # failed transfer is unknown and the unit's first message stands for it.
-        position = [id(w) for w in works].index(id(failed)) if len(works) == len(messages) else 0
         direction, message = messages[position]
         return StepFailedError(
             algorithm=self.schedule.algorithm,
@@ -235,8 +237,16 @@ def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
     ``run_schedule`` did once). Peers are ranks of the group, as the group's methods take them.
     """
     group, tag = execution.group, execution.tag
-    works = [group.send([execution.segments[m.segment]], m.peer, tag) for m in unit.sends]
-    works += [group.recv([execution.buffer(m)], m.peer, tag) for m in unit.receives]
+    works: list[dist.Work] = []
+    try:
+        for m in unit.sends:
+            works.append(group.send([execution.segments[m.segment]], m.peer, tag))
+        for m in unit.receives:
+            works.append(group.recv([execution.buffer(m)], m.peer, tag))
+    except RuntimeError as error:
+        # A peer that died before this step fails the post itself, not the wait; the message
+        # being posted names the peer (gloo's own text has only a socket address).
+        raise execution._failure(error, unit, len(works)) from error
     return works
 
 
@@ -246,7 +256,10 @@ def _start_batched(execution: _Execution, unit: Unit) -> list[dist.Work]:
     group = execution.group
     ops = [p2p_op(dist.isend, execution.segments[m.segment], group=group, peer=m.peer) for m in unit.sends]
     ops += [p2p_op(dist.irecv, execution.buffer(m), group=group, peer=m.peer) for m in unit.receives]
-    return dist.batch_isend_irecv(ops) if ops else []
+    try:
+        return dist.batch_isend_irecv(ops) if ops else []
+    except RuntimeError as error:  # one batch: the failed message is unknown; the first stands for it
+        raise execution._failure(error, unit, 0) from error
 
 
 _reusable = threading.local()

@@ -38,6 +38,7 @@ import dataclasses
 import math
 import os
 import queue
+import tempfile
 import threading
 import time
 import warnings
@@ -165,7 +166,7 @@ class Telemetry:
         summary_window: int = 1024,
     ) -> None:
         self._options = _Options(
-            log_dir=None if log_dir is None else os.fspath(log_dir),
+            log_dir=_writable_log_dir(log_dir),
             log_every=_positive_int("log_every", log_every),
             trace_steps=_trace_window(trace_steps, log_dir),
             per_rank=_per_rank(per_rank, log_dir),
@@ -186,6 +187,11 @@ class Telemetry:
         options = self._options
         asked = options.log_dir or options.spread_every or len(self._routes) > 1  # more than the summary
         return not self._closed and bool(asked)
+
+    @property
+    def sink_failures(self) -> int:
+        """Sink actions (write, flush, open) that raised: each cost a record or a flush."""
+        return self._sink_failures
 
     @property
     def dropped(self) -> int:
@@ -382,8 +388,13 @@ class Telemetry:
             return ("no communication telemetry: pass log_dir=PATH or sinks=[...] to register/HookState "
                     "to record per-bucket timings")
         self.flush()
-        stragglers = f"\n{self._stragglers.render()}" if self._options.spread_every else ""
-        return self._summary.render(dropped=self._dropped) + stragglers
+        text = self._summary.render(dropped=self._dropped)
+        if self._sink_failures:  # the table counts what was measured, not what was written
+            text += (f"\n  WARNING: {self._sink_failures} telemetry sink failures, so some of these steps "
+                     f"are missing from the files; first: {self._first_sink_error}")
+        if self._options.spread_every:
+            text += f"\n{self._stragglers.render()}"
+        return text
 
     # -- writer thread -----------------------------------------------------------------------
 
@@ -433,6 +444,9 @@ class Telemetry:
         try:
             return action()
         except Exception as error:  # noqa: BLE001 - telemetry must never break training
+            self._sink_failures += 1
+            if self._first_sink_error is None:
+                self._first_sink_error = repr(error)
             if not self._warned_sink:
                 self._warned_sink = True
                 warnings.warn(f"communication telemetry failed and skips this record: {error!r}", stacklevel=1)
@@ -457,6 +471,8 @@ class Telemetry:
         self._writer: threading.Thread | None = None
         self._closed = False
         self._warned_sink = False
+        self._sink_failures = 0
+        self._first_sink_error: str | None = None
 
     def __getstate__(self) -> dict:
         return {"options": self._options}
@@ -529,6 +545,24 @@ def _non_negative_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0 (0 turns it off), got {value!r}")
     return value
+
+
+def _writable_log_dir(log_dir) -> str | None:
+    """``log_dir`` as a string, created if missing, checked writable now: a directory that
+    cannot be written would otherwise fail later on the writer thread, after training began."""
+    if log_dir is None:
+        return None
+    path = os.fspath(log_dir)
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):  # what the writer will do; os.access trusts root
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"log_dir={path!r} cannot be written ({error.strerror or error}); pass log_dir= a directory "
+            "this process can create and write, or leave it out to log nothing"
+        ) from error
+    return path
 
 
 def _trace_window(trace_steps, log_dir) -> range | None:

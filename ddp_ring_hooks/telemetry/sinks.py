@@ -397,10 +397,13 @@ class SummaryTable(Sink):
         self._steps = _Row(window)
         self._exposed = _Row(window)
         self._last: StepRecord | None = None
+        self._first_step_keys: set[tuple[int, int, str]] = set()
 
     def write(self, record: StepRecord) -> None:
         for bucket in record.buckets:
             key = (bucket.index, bucket.nbytes, bucket.dtype)
+            if record.step == 1:
+                self._first_step_keys.add(key)
             row = self._rows.get(key)
             if row is None:
                 row = self._rows[key] = _Row(self.window)
@@ -425,12 +428,22 @@ class SummaryTable(Sink):
             lines.append(
                 f"{index:>6} {nbytes:>14,} {dtype:>9} {row.count:>6} {row.time(0.5):>9.3f} "
                 f"{row.time(0.9):>9.3f} {row.max_time:>9.3f} {row.queue(0.5):>9.3f} {row.busbw(0.5):>14.3f}"
+                + (FIRST_STEP_NOTE if self._first_step_only((index, nbytes, dtype), row) else "")
             )
         lines.append(
             f"  step: total p50 {self._steps.time(0.5):.3f} ms, p90 {self._steps.time(0.9):.3f} ms; "
             f"exposed p50 {self._exposed.time(0.5):.3f} ms, p90 {self._exposed.time(0.9):.3f} ms"
         )
         return "\n".join(lines)
+
+
+    def _first_step_only(self, key: tuple[int, int, str], row: _Row) -> bool:
+        """A row only DDP's first iteration made (its provisional buckets), in a longer run."""
+        return key in self._first_step_keys and row.count == 1 and self._steps.count > 1
+
+
+#: Appended to a row that only step 1 made, so the odd extra row explains itself.
+FIRST_STEP_NOTE = "  <- step 1 only: DDP's first iteration, before it rebuilds its buckets"
 
 
 class _Row:

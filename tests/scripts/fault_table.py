@@ -1,4 +1,4 @@
-"""Print the README's reliability table: each fault and bad input, what the user sees, time to fail.
+"""Print the reliability table of docs/reliability.md: each fault and bad input, what the user sees, time to fail.
 
 Runs the same cases as ``tests/test_bad_input.py`` and ``tests/test_faults.py`` (their rank
 functions, on real gloo ranks) plus one case that belongs to DDP itself (different parameter

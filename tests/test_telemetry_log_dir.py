@@ -1,0 +1,91 @@
+"""Telemetry that cannot write says so: a bad ``log_dir`` fails when the state is built, naming
+the directory; a sink that fails later is counted and shown in ``summary()``; and the summary
+explains the extra row DDP's first iteration leaves."""
+
+from __future__ import annotations
+
+import torch
+
+from ._dist import run_ranks
+
+
+def _register_with_log_dir(rank: int, world_size: int, log_dir: str) -> str:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    try:
+        ddp_ring_hooks.register(model, log_dir=log_dir)
+    except ValueError as error:
+        return str(error)
+    finally:
+        dist.barrier()
+    return "registered"
+
+
+def test_an_unwritable_log_dir_fails_at_registration_naming_it(tmp_path):
+    # A regular file where a directory should be: nobody, root included, can create log_dir
+    # under it (like /proc/x, where training once ended rc 0 with nothing in TensorBoard).
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    log_dir = str(blocker / "runs")
+    (message,) = run_ranks(_register_with_log_dir, 1, log_dir, timeout=120)
+    assert message.startswith(f"log_dir={log_dir!r} cannot be written"), message
+
+
+def test_a_writable_log_dir_is_created_when_the_state_is_built(tmp_path):
+    from ddp_ring_hooks.telemetry import Telemetry
+
+    log_dir = tmp_path / "new" / "runs"
+    Telemetry(log_dir=log_dir).close()
+    assert log_dir.is_dir()
+
+
+def _play_steps(rank: int, world_size: int, buckets_per_step: dict[int, list[int]], failing: bool):
+    """The hook's side of the observer protocol, for the given buckets (bytes) of each step."""
+    import warnings
+
+    from ddp_ring_hooks.telemetry import MemorySink, Sink, Telemetry
+
+    class DiskFullSink(Sink):
+        def write(self, record):
+            raise OSError(28, "No space left on device")
+
+    telemetry = Telemetry(sinks=[DiskFullSink() if failing else MemorySink()])
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        for step, sizes in buckets_per_step.items():
+            for index, nbytes in enumerate(sizes):
+                observer = telemetry.observe_bucket(
+                    torch.zeros(nbytes // 4), step=step, index=index, is_last=index == len(sizes) - 1, algorithm="ring"
+                )
+                observer.on_phase("reduce-scatter")
+                observer.on_finish()
+        summary = telemetry.summary()
+        failures = telemetry.sink_failures
+        telemetry.close()
+    return summary, failures
+
+
+def test_a_sink_that_fails_later_is_counted_in_the_summary():
+    (result,) = run_ranks(_play_steps, 1, {1: [64], 2: [64], 3: [64]}, True, timeout=120)
+    summary, failures = result
+    assert failures == 3
+    assert "3 steps logged" in summary  # measured, and the summary says what did not reach the files:
+    assert "WARNING: 3 telemetry sink failures" in summary and "No space left on device" in summary
+
+
+def test_the_first_iterations_extra_bucket_row_explains_itself():
+    from ddp_ring_hooks.telemetry.sinks import FIRST_STEP_NOTE
+
+    # DDP's step 1 reduces with its first bucket layout (here one bucket of everything), then
+    # rebuilds: the summary gets a row for bucket 0 of step 1 beside the later bucket 0.
+    steps = {1: [4096], 2: [2048, 2048], 3: [2048, 2048]}
+    (result,) = run_ranks(_play_steps, 1, steps, False, timeout=120)
+    summary, failures = result
+    assert failures == 0
+    rows = {tuple(line.split()[:2]): line for line in summary.splitlines()[2:-1]}
+    assert rows[("0", "4,096")].endswith(FIRST_STEP_NOTE)
+    assert FIRST_STEP_NOTE not in rows[("0", "2,048")] and FIRST_STEP_NOTE not in rows[("1", "2,048")]

@@ -35,8 +35,9 @@ def accepted_algorithms() -> tuple[str, ...]:
 
 
 def has_schedule(algorithm: str) -> bool:
-    """Whether ``algorithm`` is run by the executor from a schedule (``native`` is not)."""
-    return get_algorithm(algorithm).build is not None
+    """Whether ``algorithm`` is run by the executor from a schedule (``native`` is not, and
+    ``auto`` is a choice among algorithms, not one)."""
+    return algorithm != AUTO and get_algorithm(algorithm).build is not None
 
 
 def check_algorithm_name(algorithm: object, *, allow_auto: bool = True) -> None:

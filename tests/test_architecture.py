@@ -85,3 +85,33 @@ def test_the_rule_catches_an_import_that_breaks_it(tmp_path):
     bad.parent.mkdir(parents=True)
     bad.write_text("from ..runtime import run_schedule\nimport ddp_ring_hooks.hooks\nfrom . import ir\n")
     assert imported_layers(bad, root=tmp_path) == [("runtime", 1), ("hooks", 2), ("schedules", 3)]
+
+
+def module_imports(path: Path, root: Path = PACKAGE.parent) -> set[str]:
+    """Dotted names of the package's modules (not packages) that ``path`` imports, type-only
+    imports included: a cycle through ``TYPE_CHECKING`` is still two modules owning one idea."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package_parts = path.relative_to(root).with_suffix("").parts[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = package_parts[: len(package_parts) - node.level + 1] if node.level else ()
+            target = (*base, *(node.module.split(".") if node.module else ()))
+            candidates = [target, *((*target, alias.name) for alias in node.names)]
+        elif isinstance(node, ast.Import):
+            candidates = [tuple(alias.name.split(".")) for alias in node.names]
+        else:
+            continue
+        for parts in candidates:
+            if parts and parts[0] == "ddp_ring_hooks" and (root / Path(*parts)).with_suffix(".py").is_file():
+                found.add(".".join(parts))
+    return found
+
+
+def test_no_two_modules_import_each_other():
+    graph = {
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts): module_imports(p)
+        for p in PACKAGE.rglob("*.py") if p.stem != "__init__"
+    }
+    cycles = sorted({tuple(sorted((a, b))) for a, targets in graph.items() for b in targets if a in graph.get(b, ())})
+    assert not cycles, f"modules that import each other (let one own the idea): {cycles}"

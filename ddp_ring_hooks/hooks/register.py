@@ -7,7 +7,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .ring_hook import ring_hook
 from .state import HookState
-from .validation import validate_registration, validate_state
+from .validation import validate_algorithm, validate_registration
 
 
 def register(
@@ -59,7 +59,7 @@ def register(
     # auto's probe runs on the model's device, not on whatever GPU happens to be current.
     options.setdefault("device", ddp_model.device)
     state = HookState(process_group or ddp_model.process_group, algorithm, **options)
-    validate_state(state)
+    validate_algorithm(state.algorithm, state.world_size, state.algorithm_options)
     ddp_model.register_comm_hook(state, ring_hook)
     state.timeline.attach(ddp_model, algorithm=algorithm, concurrent_buckets=state.concurrent_buckets, group=state.group)
     return state

@@ -2,8 +2,8 @@
 
 A hook that starts sending with a wrong setting fails late and far from the cause: in the
 first backward pass, on another rank, or never (a deadlock). So :func:`validate_registration`
-(with :func:`validate_state`) checks, before the first bucket, everything that can be known
-on one rank:
+(with :func:`validate_algorithm`) checks, before the first bucket, everything that can be known
+on one rank (the option names themselves are checked when ``HookState`` is built):
 
 - the process group: torch.distributed is initialized, this rank is a member, the backend
   can do point-to-point ``batch_isend_irecv`` (gloo on CPU, NCCL on CUDA);
@@ -19,17 +19,12 @@ hooks that were attached without :func:`~ddp_ring_hooks.register`. What one rank
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..runtime import names
-from ..schedules import checked_schedule, get_algorithm
-
-if TYPE_CHECKING:
-    from .state import HookState
+from ..schedules import checked_schedule
 
 #: Backends whose point-to-point operations the executor uses.
 SUPPORTED_BACKENDS = ("gloo", "nccl")
@@ -39,12 +34,6 @@ def validate_registration(module: nn.Module, group: dist.ProcessGroup | None) ->
     """Before the state is built: the group can carry the hook, ``module`` makes dense gradients."""
     validate_group(group)
     validate_gradients(module)
-
-
-def validate_state(state: HookState) -> None:
-    """After the state is built: its algorithm and options make a schedule for its group."""
-    if names.has_schedule(state.algorithm):  # "auto" checks its candidates itself; "native" has none
-        validate_algorithm(state.algorithm, state.world_size, state.algorithm_options)
 
 
 def validate_group(group: dist.ProcessGroup | None) -> None:
@@ -79,9 +68,10 @@ def check_algorithm_name(algorithm: str) -> None:
 
 
 def validate_algorithm(algorithm: str, world_size: int, options: dict) -> None:
-    """Build and prove the schedule of a known algorithm (its options were checked when the
-    state was built), turning a builder's complaint about the group size into a message with context."""
-    if get_algorithm(algorithm).build is None:
+    """Build and prove the schedule of a known algorithm for ``world_size`` ranks (its options
+    were checked when the state was built), turning a builder's complaint about the group size
+    into a message with context. ``auto`` checks its candidates itself; ``native`` has no schedule."""
+    if not names.has_schedule(algorithm):
         return
     try:
         checked_schedule(algorithm, world_size, **options)

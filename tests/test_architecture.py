@@ -20,20 +20,21 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "ddp_ring_hooks"
 
 #: Layer -> the layers of ours it may import (besides itself). Modules at the top of the
-#: package (``bench``, ``launch``, ``progress``) are layers of their own.
+#: package (``bench``, ``launch``, ``progress``, ``units``) are layers of their own.
 ALLOWED: dict[str, set[str]] = {
     "schedules": set(),
     "cost_model": {"schedules"},
     "progress": set(),
+    "units": set(),
     "runtime": {"schedules", "cost_model"},
     "telemetry": {"runtime", "schedules", "cost_model"},
     "viz": {"schedules", "cost_model", "progress"},
     "advisor": {"schedules", "cost_model"},
     "hooks": {"schedules", "cost_model", "runtime", "telemetry", "advisor"},
     "launch": set(),
-    "bench": {"schedules", "cost_model", "runtime", "telemetry", "progress", "launch"},
+    "bench": {"schedules", "cost_model", "runtime", "telemetry", "progress", "launch", "units"},
     "integrations": {"schedules", "cost_model", "runtime", "telemetry", "hooks", "advisor"},
-    "cli": {"schedules", "cost_model", "runtime", "telemetry", "viz", "bench", "launch", "progress", "hooks", "advisor"},
+    "cli": {"schedules", "cost_model", "runtime", "telemetry", "viz", "bench", "launch", "progress", "units", "hooks", "advisor"},
 }
 
 

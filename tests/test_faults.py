@@ -141,7 +141,7 @@ def test_survivors_of_a_killed_rank_fail_fast_naming_hook_bucket_and_peer():
 def test_a_peer_dead_before_the_bucket_is_named_by_rank():
     survivors, _ = _run_with_a_victim(2, 1, timeout=60, target=_bucket_after_the_peer_died)
     message = survivors[0]["message"]
-    assert "ring_hook: bucket 0 of iteration 2" in message, message
+    assert "ring_hook (ring): bucket 0 of iteration 2" in message, message
     assert "of the ring all-reduce failed on rank 0 waiting to send to rank 1:" in message, message
 
 

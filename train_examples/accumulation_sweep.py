@@ -62,6 +62,7 @@ from char_lm import add_model_arguments, make_dataloader, model_from_args, quiet
 from lightning.pytorch.loggers import TensorBoardLogger
 from tqdm import tqdm
 
+from ddp_ring_hooks.advisor import accumulation_speedups
 from ddp_ring_hooks.runtime.names import accepted_algorithms
 from ddp_ring_hooks.integrations.lightning import (
     CommTimingLogger,
@@ -170,7 +171,7 @@ def train_once(args: argparse.Namespace, k: int, round_index: int, run_dir: Path
     run_name = f"accumulate_{k}" if args.rounds == 1 else f"accumulate_{k}/round_{round_index}"
     logger = TensorBoardLogger(run_dir, name="", version=run_name, default_hp_metric=False)
     trainer = make_trainer(args, k, args.warmup_steps + args.steps, logger=logger,
-                           callbacks=[throughput, CommTimingLogger()], strategy=strategy)
+                           callbacks=[throughput, CommTimingLogger(print_advice=False)], strategy=strategy)
     trainer.fit(model_from_args(args), make_dataloader(seq_len=args.seq_len, micro_batch=args.micro_batch, seed=args.seed))
 
     measured = throughput.summarize(skip_steps=args.warmup_steps)
@@ -190,7 +191,20 @@ def train_once(args: argparse.Namespace, k: int, round_index: int, run_dir: Path
         "world_size": trainer.world_size,
         "comm_hook": strategy.reported_comm_hook,
         "final_loss": float(trainer.callback_metrics["train/loss"]),
+        # The advisor's forecast for every k, from the smallest k's own timeline (as a user
+        # would run it: one run, then "what if I accumulated more?").
+        "predicted_speedups": predicted_speedups(strategy, args) if k == args.accumulate[0] else None,
     }, logger
+
+
+def predicted_speedups(strategy: RingDDPStrategy, args: argparse.Namespace) -> dict[int, float] | None:
+    """Samples/s for each ``--accumulate`` k relative to this run, as the advisor predicts
+    them from this run's timeline; ``None`` (with the reason) where it cannot."""
+    try:
+        return accumulation_speedups(strategy.hook_state.timeline.records(), ks=args.accumulate)
+    except ValueError as error:
+        print(f"no predicted speedups: {error}")
+        return None
 
 
 # -- from rounds to one record per k ---------------------------------------------------------
@@ -304,13 +318,21 @@ def table_columns(records: list[dict]) -> list[Column]:
         columns.append(Column("rounds", lambda r: "{:.2f}-{:.2f}x".format(*r["speedup_spread"])))
     if any("predicted_speedup" in r for r in records):
         columns.append(Column("predicted", lambda r: f"{r['predicted_speedup']:.2f}x" if "predicted_speedup" in r else "-"))
+        columns.append(Column("error", lambda r: f"{r['predicted_error']:+.0%}" if "predicted_error" in r else "-"))
     return columns
 
 
-def add_predictions(records: list[dict], args: argparse.Namespace) -> None:
-    """Hook point for a model's prediction: set ``record["predicted_speedup"]`` on each record
-    and the table and ``results.json`` show it next to the measured speedup. Nothing predicts
-    yet, so this adds nothing."""
+def add_predictions(records: list[dict], runs: dict[tuple[int, int], dict], args: argparse.Namespace) -> None:
+    """Set each record's ``predicted_speedup``: the median over rounds of what the advisor
+    predicted from that round's smallest-k run (see :func:`ddp_ring_hooks.advisor.accumulation_speedups`),
+    and ``predicted_error`` against the measured speedup. The table and ``results.json`` show both."""
+    forecasts = [runs[r, args.accumulate[0]]["predicted_speedups"] for r in range(args.rounds)]
+    forecasts = [f for f in forecasts if f]
+    for record in records:
+        k = record["accumulate_grad_batches"]
+        if forecasts:
+            record["predicted_speedup"] = statistics.median(f[k] for f in forecasts)
+            record["predicted_error"] = record["predicted_speedup"] / record["speedup"] - 1
 
 
 def format_table(records: list[dict], warnings: list[str]) -> str:
@@ -423,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
     paired_speedups(runs, args.accumulate, args.rounds)
     records = [combine_rounds([runs[r, k] for r in range(args.rounds)], args) for k in args.accumulate]
     warnings = agreement_warnings(records, tolerance=args.tolerance)
-    add_predictions(records, args)
+    add_predictions(records, runs, args)
     for key, (_, logger) in trained.items():
         log_hparams(logger, runs[key], args)
 

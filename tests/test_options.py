@@ -81,3 +81,19 @@ def test_native_is_one_registry_entry_without_a_schedule():
         HookState(algorithm="native", segments=2)
     with pytest.raises(ValueError, match="native algorithm has no schedule"):
         build_schedule("native", 4)
+
+
+def test_telemetry_options_are_checked_when_the_lightning_strategy_is_built():
+    pytest.importorskip("lightning")
+    from ddp_ring_hooks.integrations.lightning import RingDDPStrategy
+
+    with pytest.raises(ValueError, match="trace_steps needs log_dir"):
+        RingDDPStrategy("ring", trace_steps=3)
+
+
+def test_hook_state_lists_every_telemetry_option_in_its_errors():
+    from ddp_ring_hooks.telemetry import TELEMETRY_OPTIONS
+
+    with pytest.raises(TypeError) as caught:
+        HookState(algorithm="ring", log_evry=2)
+    assert all(name in str(caught.value) for name in TELEMETRY_OPTIONS)

@@ -43,7 +43,7 @@ from ..runtime.names import NATIVE, has_schedule
 from ..runtime.native import run_native
 from ..runtime.selection import AUTO, AutoSelector
 from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options
-from ..telemetry import Sink, Telemetry
+from ..telemetry import TELEMETRY_OPTIONS, Sink, Telemetry
 from ..telemetry.timeline import Timeline
 from .advice import advise_state, close_timeline
 from .arrivals import ArrivalGather
@@ -340,8 +340,8 @@ def _value_or_raise(future: torch.futures.Future) -> torch.Tensor:
 
 #: What ``HookState`` itself takes besides an algorithm's options (for error messages).
 _STATE_OPTIONS = (
-    "process_group", "algorithm", "algorithm_options", "log_dir", "log_every", "trace_steps", "per_rank",
-    "spread_every", "sinks", "telemetry", "observers", "check_layout_steps", "concurrent_buckets", "device",
+    "process_group", "algorithm", "algorithm_options", *TELEMETRY_OPTIONS, "telemetry", "observers",
+    "check_layout_steps", "concurrent_buckets", "device",
 )
 
 

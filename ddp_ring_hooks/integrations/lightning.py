@@ -60,7 +60,7 @@ from ..hooks.register import reported_comm_hook
 from ..hooks.validation import check_algorithm_name
 from ..runtime.names import has_schedule
 from ..schedules import resolve_options
-from ..telemetry import Sink, TensorBoardSink
+from ..telemetry import Sink, TelemetryOptions, TensorBoardSink
 
 STRATEGY_NAME = "ddp_ring"
 
@@ -124,6 +124,7 @@ class RingDDPStrategy(DDPStrategy):
             "per_rank": per_rank,
             "spread_every": spread_every,
         }
+        TelemetryOptions.checked(**self._telemetry_options)  # a bad value fails here, not when fit starts
         self._sinks = tuple(sinks)
         # Sinks added by callbacks (CommTimingLogger) for the current fit only: a second fit
         # brings its own logger, so they are dropped at teardown.

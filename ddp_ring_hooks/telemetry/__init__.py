@@ -4,10 +4,12 @@ A leaf of the package: it uses ``runtime``'s observer interface and never import
 """
 
 from .records import BucketRecord, RankArrivals, StepRecord, all_reduce_bus_factor, bandwidths_GBps
-from .recorder import BucketObserver, Telemetry
+from .bucket_marks import BucketObserver
+from .options import TELEMETRY_OPTIONS, TelemetryOptions
+from .recorder import Telemetry
 from .sinks import MemorySink, NullSink, Sink, SummaryTable, TensorBoardSink, TraceSink
 
 __all__ = [
-    "BucketObserver", "BucketRecord", "MemorySink", "NullSink", "RankArrivals", "Sink", "StepRecord", "SummaryTable",
-    "Telemetry", "TensorBoardSink", "TraceSink", "all_reduce_bus_factor", "bandwidths_GBps",
+    "TELEMETRY_OPTIONS", "BucketObserver", "BucketRecord", "MemorySink", "NullSink", "RankArrivals", "Sink", "StepRecord",
+    "SummaryTable", "Telemetry", "TelemetryOptions", "TensorBoardSink", "TraceSink", "all_reduce_bus_factor", "bandwidths_GBps",
 ]

@@ -28,7 +28,10 @@ and trace events (:meth:`Telemetry.local_trace_events`) to gather. At the end of
 window rank 0 receives every rank's trace events (:meth:`Telemetry.add_peer_traces`) and
 writes one merged, aligned ``comm_trace.json``.
 
-Telemetry never imports ``hooks``: the hook state calls it, not the other way round.
+Telemetry never imports ``hooks``: the hook state calls it, not the other way round. Homes:
+this module runs the writer thread and routes records to sinks; the marks of one bucket and
+how they become records are in :mod:`.bucket_marks`; the options and their checks in
+:mod:`.options`; the sinks in :mod:`.sinks`.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ import dataclasses
 import math
 import os
 import queue
-import tempfile
 import threading
 import time
 import warnings
@@ -49,7 +51,9 @@ import torch
 import torch.distributed as dist
 
 from ..runtime.observer import NULL_OBSERVER, ExecutionObserver
-from .records import BucketRecord, RankArrivals, StepRecord, bandwidths_GBps, busy_ms
+from .bucket_marks import BucketObserver, PendingStep, resolve_step, step_busy_ms
+from .options import TelemetryOptions, check_sink
+from .records import RankArrivals
 from .sinks import Sink, SummaryTable, TensorBoardSink, TraceSink
 from .stragglers import StragglerTally
 from .timer import CudaTimer, HostTimer
@@ -60,70 +64,11 @@ _KEPT_TOTALS = 64  # steps' totals waiting for the hook state's gather
 TRACE_FILE = "comm_trace.json"
 
 
-@dataclasses.dataclass
-class _PendingStep:
-    """The raw marks of one step's buckets, on their way to becoming a StepRecord."""
-
-    step: int
-    rank: int
-    buckets: list[BucketObserver] = dataclasses.field(default_factory=list)
-    dropped: int = 0
-    # Buckets may finish out of order (several run at once on CPU): the step is complete when
-    # the last bucket was handed over and every bucket handed over has finished.
-    finished: int = 0
-    last_handed: bool = False
-
-
 @dataclasses.dataclass(frozen=True)
 class _PeerTraces:
     """Rank 0's queue item: the other ranks' trace events for the merged trace file."""
 
     traces: tuple[tuple[int, list[dict], float], ...]
-
-
-class BucketObserver(ExecutionObserver):
-    """Marks the life of one bucket: handed over, each phase, finished (cheap; no waiting)."""
-
-    def __init__(self, telemetry, pending, timer, *, index, buffer, algorithm, world_size, group):
-        self.telemetry = telemetry
-        # The step and its buckets refer to each other until the step completes; then
-        # Telemetry._bucket_finished drops these references, so no cycle is left for the
-        # garbage collector (memory would saw-tooth).
-        self.pending = pending
-        self.timer = timer
-        self.index = index
-        self.numel = buffer.numel()
-        self.nbytes = self.numel * buffer.element_size()
-        self.dtype = buffer.dtype  # named on the writer thread
-        self.algorithm = algorithm
-        self.world_size = world_size
-        self.group = group
-        self.phases: list[tuple[str, object]] = []
-        self.end = None
-        self.handed = timer.mark()
-
-    def on_phase(self, phase: str) -> None:
-        self.phases.append((phase, self.timer.mark()))
-
-    def on_finish(self) -> None:
-        self.end = self.timer.mark()
-        self.telemetry._bucket_finished(self)
-
-    @property
-    def start(self):
-        """Communication starts with the first phase (nothing moves for one rank or 0 bytes)."""
-        return self.phases[0][1] if self.phases else self.end
-
-
-@dataclasses.dataclass(frozen=True)
-class _Options:
-    log_dir: str | None
-    log_every: int
-    trace_steps: range | None
-    per_rank: bool
-    spread_every: int
-    capacity: int
-    summary_window: int
 
 
 class Telemetry:
@@ -165,18 +110,13 @@ class Telemetry:
         capacity: int = 1024,
         summary_window: int = 1024,
     ) -> None:
-        self._options = _Options(
-            log_dir=_writable_log_dir(log_dir),
-            log_every=_positive_int("log_every", log_every),
-            trace_steps=_trace_window(trace_steps, log_dir),
-            per_rank=_per_rank(per_rank, log_dir),
-            spread_every=_non_negative_int("spread_every", spread_every),
-            capacity=_positive_int("capacity", capacity),
-            summary_window=_positive_int("summary_window", summary_window),
+        self._options = TelemetryOptions.checked(
+            log_dir=log_dir, log_every=log_every, trace_steps=trace_steps, per_rank=per_rank,
+            spread_every=spread_every, capacity=capacity, summary_window=summary_window,
         )
         self._user_sinks = tuple(sinks)
         for sink in self._user_sinks:
-            _check_sink(sink)
+            check_sink(sink)
         self._reset_runtime()
 
     # -- configuration ---------------------------------------------------------------------
@@ -200,7 +140,7 @@ class Telemetry:
 
     def add_sink(self, sink: Sink, *, steps: Callable[[int], bool] | None = None) -> None:
         """Send records to ``sink`` too: logged steps, or the steps where ``steps(step)`` is true."""
-        _check_sink(sink)
+        check_sink(sink)
         self._routes = (*self._routes, (sink, steps or self._is_log_step))
 
     def _is_log_step(self, step: int) -> bool:
@@ -246,7 +186,7 @@ class Telemetry:
             return NULL_OBSERVER
         if step != self._open_step:
             self._open_step = step
-            self._pending = _PendingStep(step, self._start()) if self._wants(step) else None
+            self._pending = PendingStep(step, self._start()) if self._wants(step) else None
         pending = self._pending
         if pending is None:
             return NULL_OBSERVER
@@ -271,11 +211,11 @@ class Telemetry:
                 return
         self._finish_step(pending, bucket.group)
 
-    def _finish_step(self, pending: _PendingStep, group) -> None:
+    def _finish_step(self, pending: PendingStep, group) -> None:
         """The step's last bucket is reduced: keep its total for the ranks' gather, queue the marks."""
         if self.gathers_ranks(pending.step) and isinstance(pending.buckets[0].timer, HostTimer):
             with self._step_lock:  # CUDA marks are not resolved yet: its total stays unknown
-                self._step_totals[pending.step] = _busy_ms(pending.buckets)
+                self._step_totals[pending.step] = step_busy_ms(pending.buckets)
                 if len(self._step_totals) > _KEPT_TOTALS:  # nobody took them (no hook state gathers)
                     del self._step_totals[next(iter(self._step_totals))]
         pending.dropped = self._dropped
@@ -466,7 +406,7 @@ class Telemetry:
         self._cuda_timers: dict[torch.device, CudaTimer] = {}
         self._open_step = 0
         self._step_lock = threading.Lock()
-        self._pending: _PendingStep | None = None
+        self._pending: PendingStep | None = None
         self._rank: int | None = None
         self._writer: threading.Thread | None = None
         self._closed = False
@@ -483,113 +423,7 @@ class Telemetry:
         self._reset_runtime()
 
 
-def resolve_step(pending: _PendingStep, *, deadline: float) -> StepRecord | None:
-    """Turn one step's marks into a StepRecord (waits, by polling, for CUDA events)."""
-    finished = pending.buckets  # a step is queued only once every bucket has finished
-    for bucket in finished:
-        if not bucket.timer.wait_ready(bucket.end, deadline):
-            return None
-    buckets = tuple(_bucket_record(pending, bucket) for bucket in finished)
-    last_handed, timer = finished[-1], finished[-1].timer
-    return StepRecord(
-        step=pending.step,
-        buckets=buckets,
-        total_ms=_busy_ms(finished),
-        exposed_ms=max(timer.clock_ms(b.end) for b in finished) - timer.clock_ms(last_handed.handed),
-        num_buckets=len(buckets),
-        rank=pending.rank,
-        dropped=pending.dropped,
-    )
-
-
-def _busy_ms(buckets: list[BucketObserver]) -> float:
-    """The step's ``total_ms``: the same arithmetic for the record and the gathered spread."""
-    return busy_ms((b.timer.clock_ms(b.start), b.timer.clock_ms(b.end)) for b in buckets)
-
-
-def _bucket_record(pending: _PendingStep, bucket: BucketObserver) -> BucketRecord:
-    timer, start = bucket.timer, bucket.start
-    time_ms = timer.elapsed_ms(start, bucket.end)
-    phases_ms: dict[str, float] = {}
-    offsets_ms: dict[str, float] = {}
-    bounds = [*bucket.phases, (None, bucket.end)]
-    for (phase, begin), (_, end) in zip(bounds, bounds[1:]):
-        phases_ms[phase] = phases_ms.get(phase, 0.0) + timer.elapsed_ms(begin, end)
-        offsets_ms.setdefault(phase, timer.elapsed_ms(start, begin))
-    algbw, busbw = bandwidths_GBps(bucket.nbytes, time_ms, bucket.world_size)
-    return BucketRecord(
-        step=pending.step, index=bucket.index, nbytes=bucket.nbytes, numel=bucket.numel, dtype=str(bucket.dtype).removeprefix("torch."),
-        algorithm=bucket.algorithm, world_size=bucket.world_size,
-        queue_ms=timer.elapsed_ms(bucket.handed, start), time_ms=time_ms, phases_ms=phases_ms,
-        algbw_GBps=algbw, busbw_GBps=busbw, rank=pending.rank, start_ms=timer.clock_ms(start),
-        phase_offsets_ms=offsets_ms,
-    )
-
-
 def _close_at_exit(reference: weakref.ref) -> None:
     telemetry = reference()
     if telemetry is not None:
         telemetry.close()
-
-
-# -- argument checks ---------------------------------------------------------------------------
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def _non_negative_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0 (0 turns it off), got {value!r}")
-    return value
-
-
-def _writable_log_dir(log_dir) -> str | None:
-    """``log_dir`` as a string, created if missing, checked writable now: a directory that
-    cannot be written would otherwise fail later on the writer thread, after training began."""
-    if log_dir is None:
-        return None
-    path = os.fspath(log_dir)
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):  # what the writer will do; os.access trusts root
-            pass
-    except OSError as error:
-        raise ValueError(
-            f"log_dir={path!r} cannot be written ({error.strerror or error}); pass log_dir= a directory "
-            "this process can create and write, or leave it out to log nothing"
-        ) from error
-    return path
-
-
-def _trace_window(trace_steps, log_dir) -> range | None:
-    if trace_steps is None:
-        return None
-    if log_dir is None:
-        raise ValueError("trace_steps needs log_dir=PATH: the trace is written to log_dir/comm_trace.json")
-    if isinstance(trace_steps, int) and not isinstance(trace_steps, bool):
-        return range(2, 2 + _positive_int("trace_steps", trace_steps))
-    if (
-        isinstance(trace_steps, tuple | list) and len(trace_steps) == 2
-        and all(isinstance(s, int) and not isinstance(s, bool) for s in trace_steps)
-        and 1 <= trace_steps[0] < trace_steps[1]
-    ):
-        return range(trace_steps[0], trace_steps[1])
-    raise ValueError(
-        f"trace_steps must be a step count N or a (start, stop) pair of optimizer steps with "
-        f"1 <= start < stop, got {trace_steps!r}"
-    )
-
-
-def _per_rank(per_rank: bool, log_dir) -> bool:
-    if per_rank and log_dir is None:
-        raise ValueError("per_rank=True writes each rank to log_dir/rank_{r}; pass log_dir=PATH too")
-    return bool(per_rank)
-
-
-def _check_sink(sink) -> None:
-    if not callable(getattr(sink, "write", None)):
-        raise TypeError(f"a telemetry sink needs write(record), flush() and close(); got {type(sink).__name__}")

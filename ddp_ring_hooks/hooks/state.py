@@ -285,7 +285,7 @@ class HookState:
         failed, every later bucket fails at once instead of waiting for the timeout again."""
         if self._failure is not None:
             raise CommunicationError(
-                f"ring_hook: bucket {bucket} of iteration {iteration} was not reduced because an "
+                f"ring_hook ({schedule.algorithm}): bucket {bucket} of iteration {iteration} was not reduced because an "
                 f"earlier one failed: {self._failure}"
             )
         try:

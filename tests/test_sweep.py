@@ -17,6 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "train_examples" / "accumulation_sweep.py"
 ACCUMULATE = (1, 2)
 STEPS, WARMUP_STEPS = 3, 1
+MIN_MICRO_BATCHES = 6  # k=1 measures 6 steps, k=2 3 (at least STEPS)
+
+
+def measured(k: int) -> int:
+    return max(STEPS, -(-MIN_MICRO_BATCHES // k))
 RESULT_KEYS = {"accumulate_grad_batches", "samples_per_s", "comm_ms_per_optimizer_step", "comm_fraction", "speedup",
                "samples_per_s_spread", "speedup_by_round", "speedup_spread", "warnings"}
 
@@ -25,6 +30,7 @@ def _run_sweep(output: Path, *extra: str) -> subprocess.CompletedProcess:
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SWEEP),
         "--accumulate", ",".join(map(str, ACCUMULATE)), "--steps", str(STEPS), "--warmup-steps", str(WARMUP_STEPS),
+        "--min-micro-batches", str(MIN_MICRO_BATCHES),
         "--warmup-fit-steps", "1", "--micro-batch", "2", "--seq-len", "16", "--width", "32", "--layers", "2",
         "--heads", "2", "--bucket-cap-mb", "0.02", "--output-dir", str(output), *extra,
     ]
@@ -57,8 +63,10 @@ def test_results_json_holds_one_sane_record_per_setting(sweep):
         assert record["comm_hook"] == "ring_hook"  # what DDP reported after the strategy attached it
         assert record["world_size"] == 2
         assert record["buckets_per_step"] > 1
-        assert record["measured_steps"] == STEPS  # the same for every k
-        assert record["micro_batches"] == (STEPS + WARMUP_STEPS) * record["accumulate_grad_batches"]
+        k = record["accumulate_grad_batches"]
+        # Every k measures at least STEPS steps and at least MIN_MICRO_BATCHES micro-batches.
+        assert record["measured_steps"] == measured(k)
+        assert record["micro_batches"] == (measured(k) + WARMUP_STEPS) * k
         low, high = record["samples_per_s_spread"]
         assert low <= record["samples_per_s"] <= high
         assert len(record["speedup_by_round"]) == 2
@@ -81,9 +89,9 @@ def test_each_setting_and_round_is_its_own_tensorboard_run_with_hparams(sweep):
             events.Reload()
             scalars = set(events.Tags()["scalars"])
             assert {"train/loss", "comm/step/total_ms", "throughput/samples_per_s", "sweep/samples_per_s"} <= scalars
-            # Every k trains the same number of optimizer steps, each with comm timing, once:
-            # a later run never appends to this run's event files (it once showed 2x the points).
-            assert len(events.Scalars("comm/step/total_ms")) == STEPS + WARMUP_STEPS
+            # Every optimizer step has its comm timing, once: a later run never appends to this
+            # run's event files (it once showed 2x the points).
+            assert len(events.Scalars("comm/step/total_ms")) == measured(k) + WARMUP_STEPS
             plugins = events.PluginTagToContent("hparams")
             assert "_hparams_/experiment" in plugins and "_hparams_/session_start_info" in plugins
             assert b"accumulate_grad_batches" in plugins["_hparams_/session_start_info"]
@@ -162,7 +170,7 @@ def test_the_readme_picture_is_drawn_from_a_runs_event_files(sweep, tmp_path):
     run = sweep["output"] / "version_0"
     scalars = plot_tensorboard_run.read_scalars(run / "accumulate_2" / "round_0")
     assert set(scalars) == set(plot_tensorboard_run.TAGS)
-    assert [step for step, _ in scalars["comm/step/total_ms"]] == list(range(STEPS + WARMUP_STEPS))
+    assert [step for step, _ in scalars["comm/step/total_ms"]] == list(range(measured(2) + WARMUP_STEPS))
     image = tmp_path / "scalars.png"
     plot_tensorboard_run.main([str(run), "--output", str(image)])
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

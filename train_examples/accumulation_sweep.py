@@ -20,8 +20,10 @@ How it measures, so that the answer holds (or says that it does not):
 2. Every setting (default k = 1, 2, 4, 8) trains the same model from the same seed for
    ``--warmup-steps`` + ``--steps`` optimizer steps (k micro-batches each), with the ring
    hook attached by ``RingDDPStrategy``; only the last ``--steps`` are measured (DDP reduces
-   one big bucket in step 1 and rebuilds its buckets after it). Every k gets the same number
-   of measured optimizer steps, so the largest k is measured as well as the smallest.
+   one big bucket in step 1 and rebuilds its buckets after it). Every k gets at least
+   ``--steps`` measured optimizer steps, and at least ``--min-micro-batches`` measured
+   micro-batches (k=1 gets 40 steps, k=8 10): a k=1 step is short, and 10 of them were too few
+   to agree from round to round.
 3. ``--rounds`` rounds (default 3), settings interleaved in alternating order (1,2,4,8 then
    8,4,2,1, ...): the load of a shared machine drifts, and alternating spreads the drift.
 4. Per fit, samples/s is that of its median optimizer step (a step another process stalled
@@ -83,6 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=10,
                         help="measured optimizer steps per setting and round, the same for every k "
                              "(default: %(default)s)")
+    parser.add_argument("--min-micro-batches", type=int, default=40,
+                        help="measure at least this many micro-batches per setting and round: small k "
+                             "get more optimizer steps than --steps (default: %(default)s)")
     parser.add_argument("--warmup-steps", type=int, default=1,
                         help="optimizer steps at the start of every fit left out of the measurement "
                              "(default: %(default)s)")
@@ -109,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("steps", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    for name in ("warmup_steps", "warmup_fit_steps"):
+    for name in ("warmup_steps", "warmup_fit_steps", "min_micro_batches"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(args, name)}")
     if not 0 < args.tolerance < 1:
@@ -161,6 +166,12 @@ def warm_up(args: argparse.Namespace) -> None:
     trainer.fit(model_from_args(args), make_dataloader(seq_len=args.seq_len, micro_batch=args.micro_batch, seed=args.seed))
 
 
+def measured_steps(args: argparse.Namespace, k: int) -> int:
+    """Optimizer steps measured at accumulation ``k``: ``--steps``, or more when that many would
+    measure fewer than ``--min-micro-batches`` micro-batches."""
+    return max(args.steps, -(-args.min_micro_batches // k))
+
+
 def train_once(args: argparse.Namespace, k: int, round_index: int, run_dir: Path) -> tuple[dict, TensorBoardLogger]:
     """Train ``--warmup-steps + --steps`` optimizer steps with accumulation ``k``; return the
     measurement of the last ``--steps`` and its TensorBoard run."""
@@ -170,7 +181,7 @@ def train_once(args: argparse.Namespace, k: int, round_index: int, run_dir: Path
     throughput = ThroughputLogger(tokens_per_sample=args.seq_len)
     run_name = f"accumulate_{k}" if args.rounds == 1 else f"accumulate_{k}/round_{round_index}"
     logger = TensorBoardLogger(run_dir, name="", version=run_name, default_hp_metric=False)
-    trainer = make_trainer(args, k, args.warmup_steps + args.steps, logger=logger,
+    trainer = make_trainer(args, k, args.warmup_steps + measured_steps(args, k), logger=logger,
                            callbacks=[throughput, CommTimingLogger(print_advice=False)], strategy=strategy)
     trainer.fit(model_from_args(args), make_dataloader(seq_len=args.seq_len, micro_batch=args.micro_batch, seed=args.seed))
 
@@ -239,7 +250,7 @@ def combine_rounds(runs: list[dict], args: argparse.Namespace) -> dict:
         "speedup_spread": [min(by_round["speedup"]), max(by_round["speedup"])],
         "rounds": len(runs),
         "measured_steps": first["measured_steps"],
-        "micro_batches": (args.warmup_steps + args.steps) * first["accumulate_grad_batches"],  # per rank, trained
+        "micro_batches": (args.warmup_steps + first["measured_steps"]) * first["accumulate_grad_batches"],  # per rank, trained
         "micro_batch": args.micro_batch,
         "buckets_per_step": first["buckets_per_step"],
         "world_size": first["world_size"],
@@ -342,7 +353,8 @@ def format_table(records: list[dict], warnings: list[str]) -> str:
     lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in cells]
     if records[0]["rounds"] > 1:
         lines.append(f"(median of {records[0]['rounds']} rounds; 'rounds' = lowest-highest round; speedups "
-                     f"paired within each round; {records[0]['measured_steps']} measured steps per setting)")
+                     f"paired within each round; measured optimizer steps per setting: "
+                     + ", ".join(f"k={r['accumulate_grad_batches']}: {r['measured_steps']}" for r in records) + ")")
     if warnings:
         lines.append("")
         lines += [f"WARNING: {text}" for text in warnings]

@@ -8,6 +8,8 @@ real ``nn.Module``, inputs are seeded random tensors, digests are SHA-256 of the
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 
 import torch
 
@@ -63,3 +65,19 @@ def within_summation_bound(result, inputs, dtype, world_size) -> float:
     bound = world_size * UNIT_ROUNDOFF[dtype] * torch.stack([x.double().abs() for x in inputs]).sum(0)
     excess = (result.double() - exact).abs() / bound.clamp_min(torch.finfo(torch.float64).tiny)
     return float(excess.max()) if excess.numel() else 0.0
+
+
+def imports_torch(module: str) -> bool:
+    """Whether importing ``module`` (a subpackage of ``ddp_ring_hooks``) loads torch, checked in a
+    fresh interpreter. The package's ``__init__`` imports torch itself, so the subpackage is
+    loaded under an empty stand-in for the package."""
+    code = (
+        "import importlib, importlib.util, sys, types\n"
+        "spec = importlib.util.find_spec('ddp_ring_hooks')\n"
+        "pkg = types.ModuleType('ddp_ring_hooks'); pkg.__path__ = spec.submodule_search_locations\n"
+        "sys.modules['ddp_ring_hooks'] = pkg\n"
+        f"importlib.import_module({module!r})\n"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    return out.stdout.strip() == "True"

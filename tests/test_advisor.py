@@ -26,6 +26,7 @@ from ddp_ring_hooks.advisor.lanes import run_lanes
 from ddp_ring_hooks.advisor.ready_curve import ReadyCurve
 
 from ._dist import run_ranks
+from .conftest import imports_torch
 
 ALPHA_MS, BETA_MS = 0.1, 1e-6  # 100 us per message, 1 GB/s
 
@@ -297,16 +298,7 @@ def test_contention_grows_with_what_the_busiest_rank_sends():
 
 def test_advisor_imports_no_torch():
     """The advisor is pure: it runs offline on a log_dir, without torch or process groups."""
-    code = (
-        "import importlib.util, sys, types\n"
-        "spec = importlib.util.find_spec('ddp_ring_hooks')\n"
-        "pkg = types.ModuleType('ddp_ring_hooks'); pkg.__path__ = spec.submodule_search_locations\n"
-        "sys.modules['ddp_ring_hooks'] = pkg\n"
-        "import ddp_ring_hooks.advisor\n"
-        "print('torch' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
-    assert out.stdout.strip() == "False"
+    assert not imports_torch("ddp_ring_hooks.advisor")
 
 
 def _lightning_fit_prints_advice(rank: int, world_size: int, directory: str):

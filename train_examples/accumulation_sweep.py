@@ -83,8 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--accumulate", default="1,2,4,8",
                         help="comma-separated accumulate_grad_batches values to compare (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=10,
-                        help="measured optimizer steps per setting and round, the same for every k "
-                             "(default: %(default)s)")
+                        help="measured optimizer steps per setting and round, at least (see "
+                             "--min-micro-batches) (default: %(default)s)")
     parser.add_argument("--min-micro-batches", type=int, default=40,
                         help="measure at least this many micro-batches per setting and round: small k "
                              "get more optimizer steps than --steps (default: %(default)s)")

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from ..runtime import worker_for
 from ..runtime.clocks import ClockOffsets, all_gather_rows, estimate_clock_offsets, gather_bytes_to_rank0
 from ..telemetry import RankArrivals, Telemetry
-from ..telemetry.timer import CudaTimer, HostTimer
+from ..telemetry.timer import DeviceTimers
 
 #: The gather's message tag; bucket lanes use 0 .. concurrent_buckets - 1.
 ARRIVALS_TAG = 1 << 16
@@ -51,8 +51,7 @@ class ArrivalGather:
 
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
-        self._host_timer = HostTimer()
-        self._cuda_timers: dict[torch.device, CudaTimer] = {}
+        self._timers = DeviceTimers()
         self._step = 0
         self._first = None
         self._futures: list[torch.futures.Future] = []
@@ -66,7 +65,7 @@ class ArrivalGather:
         """On the hook thread, as a bucket is handed over: a clock mark if ``step`` is gathered."""
         if not self.telemetry.gathers_ranks(step):
             return None
-        timer = self._timer_for(buffer)
+        timer = self._timers.for_buffer(buffer)
         return timer, timer.mark()
 
     def track(self, mark, future: torch.futures.Future, *, step: int, is_last: bool, group) -> torch.futures.Future:
@@ -83,13 +82,6 @@ class ArrivalGather:
             worker_for(group, ARRIVALS_LANE).submit(lambda: self._gather(step, first, mark, futures, group))
         return future
 
-    def _timer_for(self, buffer: torch.Tensor):
-        if not buffer.is_cuda:
-            return self._host_timer
-        timer = self._cuda_timers.get(buffer.device)
-        if timer is None:
-            timer = self._cuda_timers[buffer.device] = CudaTimer(buffer.device)
-        return timer
 
     # -- on the arrivals worker -------------------------------------------------------------
 

@@ -56,7 +56,7 @@ from .options import TelemetryOptions, check_sink
 from .records import RankArrivals
 from .sinks import Sink, SummaryTable, TensorBoardSink, TraceSink
 from .stragglers import StragglerTally
-from .timer import CudaTimer, HostTimer
+from .timer import DeviceTimers, HostTimer
 
 _STOP = object()
 _CLOSE_TIMEOUT_S = 30.0
@@ -191,7 +191,7 @@ class Telemetry:
         if pending is None:
             return NULL_OBSERVER
         observer = BucketObserver(
-            self, pending, self._timer_for(buffer), index=index, buffer=buffer, algorithm=algorithm,
+            self, pending, self._timers.for_buffer(buffer), index=index, buffer=buffer, algorithm=algorithm,
             world_size=dist.get_world_size(group), group=group,
         )
         with self._step_lock:
@@ -248,14 +248,6 @@ class Telemetry:
         """Rank 0: the other ranks' trace events ``(rank, events, clock offset ms)`` to merge
         into its trace file, shifted onto its clock."""
         self._queue.put(_PeerTraces(tuple(traces)), timeout=_CLOSE_TIMEOUT_S)
-
-    def _timer_for(self, buffer: torch.Tensor):
-        if not buffer.is_cuda:
-            return self._host_timer
-        timer = self._cuda_timers.get(buffer.device)
-        if timer is None:
-            timer = self._cuda_timers[buffer.device] = CudaTimer(buffer.device)
-        return timer
 
     # -- starting, flushing, closing -------------------------------------------------------
 
@@ -402,8 +394,7 @@ class Telemetry:
         self._file_routes: tuple = ()
         self._queue: queue.Queue = queue.Queue(maxsize=self._options.capacity)
         self._dropped = 0
-        self._host_timer = HostTimer()
-        self._cuda_timers: dict[torch.device, CudaTimer] = {}
+        self._timers = DeviceTimers()
         self._open_step = 0
         self._step_lock = threading.Lock()
         self._pending: PendingStep | None = None

@@ -68,3 +68,20 @@ class CudaTimer:
 
     def clock_ms(self, mark: torch.cuda.Event) -> float:
         return self._origin_ms + self._origin.elapsed_time(mark)
+
+
+class DeviceTimers:
+    """The timer for a buffer's device: one host timer, and one CUDA-event timer per GPU made
+    when that GPU's first buffer arrives."""
+
+    def __init__(self) -> None:
+        self._host = HostTimer()
+        self._cuda: dict[torch.device, CudaTimer] = {}
+
+    def for_buffer(self, buffer: torch.Tensor) -> HostTimer | CudaTimer:
+        if not buffer.is_cuda:
+            return self._host
+        timer = self._cuda.get(buffer.device)
+        if timer is None:
+            timer = self._cuda[buffer.device] = CudaTimer(buffer.device)
+        return timer

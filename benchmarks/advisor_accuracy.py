@@ -160,8 +160,8 @@ def main(argv=None) -> int:
     variants += [("bucket_cap_mb", c, {**base, "bucket_cap_mb": c}) for c in caps]
     variants += [("algorithm", a, {**base, "algorithm": a}) for a in algorithms]
 
-    print(f"# {args.nproc} gloo ranks, {args.rounds} round(s) of {args.steps} steps per setting; measured while other "
-          f"work shared the cores (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start)")
+    print(f"# {args.nproc} gloo ranks, {args.rounds} round(s) of {args.steps} steps per setting; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start (1-minute average: it lags)")
     if skipped:
         print(f"# skipped (not in this tree's hook): {', '.join(skipped)}")
     errors_all = []

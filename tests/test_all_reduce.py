@@ -86,7 +86,7 @@ def average_with_every_algorithm(rank: int, world_size: int) -> dict:
         schedule = checked_schedule(algorithm, world_size, **options)
         for dtype in (torch.float32, torch.float16):
             inputs = [rank_input(r, 1009, dtype) for r in range(world_size)]
-            averaged = run_schedule(schedule, inputs[rank].clone(), divisor=world_size, segment_bytes=256)
+            averaged = run_schedule(schedule, inputs[rank].clone(), divisor=world_size, slice_bytes=256)
             # Each x_r / p rounds once more than a plain sum: (p + 1) roundings in the bound.
             scaled = [x.double() / world_size for x in inputs]
             bound = (world_size + 1) * UNIT_ROUNDOFF[dtype] * torch.stack(scaled).abs().sum(0)

@@ -1,11 +1,11 @@
-"""The ``bench`` command and the executor's pipelined lanes, on real gloo ranks.
+"""The ``bench`` command and the executor's pipelined slices, on real gloo ranks.
 
 - ``ddp-ring-hooks bench`` at 2 ranks, 2 sizes, through a subprocess like a user runs it:
   the JSON has the documented keys, no wrong values, busbw = algbw · 2(p-1)/p and
   algbw = nbytes / time; the plot is a PNG.
-- The executor cuts big CPU chunks into lanes that are pipelined. Forcing tiny segments
-  (up to 20 lanes on small tensors), every algorithm must give results *bit-identical*
-  to the one-lane run and across ranks, and the observer must see the same phases and steps
+- The executor cuts big CPU chunks into pieces, one per slice, and pipelines the slices. Forcing
+  tiny pieces (up to 20 slices on small tensors), every algorithm must give results *bit-identical*
+  to the one-slice run and across ranks, and the observer must see the same phases and steps
   in the same order. Tolerance against ``dist.all_reduce``: the exact float64 sum within
   ``(p - 1) · eps · Σ|x_r|`` (rounding bound for ``p`` addends, 2x margin).
 - Size parsing, the sweep and bad input (no processes).
@@ -95,7 +95,7 @@ def test_bench_rejects_bad_arguments_before_starting_ranks(capsys):
     assert "4K" in capsys.readouterr().err
 
 
-# -- pipelined lanes in the executor --------------------------------------------------------
+# -- pipelined slices in the executor --------------------------------------------------------
 
 
 class EventLog(ExecutionObserver):
@@ -112,8 +112,8 @@ class EventLog(ExecutionObserver):
         self.events.append(("finish",))
 
 
-def lanes_against_one_lane(rank: int, world_size: int) -> dict:
-    """Every algorithm, on the world and on a 2-rank subgroup, with tiny segments and one lane."""
+def slices_against_one_slice(rank: int, world_size: int) -> dict:
+    """Every algorithm, on the world and on a 2-rank subgroup, with tiny pieces and one slice."""
     pair = dist.new_group([0, 1])
     report = {}
     for group, size in ((None, world_size), (pair, 2)):
@@ -125,26 +125,26 @@ def lanes_against_one_lane(rank: int, world_size: int) -> dict:
             for dtype in (torch.float32, torch.bfloat16):
                 for numel in (0, 1, size + 1, 1009):
                     x = torch.randn(numel, generator=torch.Generator().manual_seed(rank * 7919 + numel)).to(dtype)
-                    one_lane, many_lanes = x.clone(), x.clone()
+                    one_slice, many_slices = x.clone(), x.clone()
                     one_log, many_log = EventLog(), EventLog()
-                    run_schedule(schedule, one_lane, group=group, observer=one_log)  # default: one lane here
-                    # 200 bytes per segment: 2 to 20 lanes (uneven, some empty), 2 in flight.
-                    run_schedule(schedule, many_lanes, group=group, observer=many_log, segment_bytes=200)
+                    run_schedule(schedule, one_slice, group=group, observer=one_log)  # default: one slice here
+                    # 200 bytes per piece: 2 to 20 slices (uneven, some empty), 2 in flight.
+                    run_schedule(schedule, many_slices, group=group, observer=many_log, slice_bytes=200)
                     exact = x.double()
                     magnitude = x.double().abs()
                     dist.all_reduce(exact, group=group)
                     dist.all_reduce(magnitude, group=group)
                     bound = (size - 1) * torch.finfo(dtype).eps * magnitude
                     report[(size, algorithm, str(dtype), numel)] = (
-                        torch.equal(one_lane, many_lanes),
+                        torch.equal(one_slice, many_slices),
                         one_log.events == many_log.events,
-                        bool(((many_lanes.double() - exact).abs() <= bound).all()),
-                        many_lanes.view(torch.int16 if dtype == torch.bfloat16 else torch.int32).tolist(),
+                        bool(((many_slices.double() - exact).abs() <= bound).all()),
+                        many_slices.view(torch.int16 if dtype == torch.bfloat16 else torch.int32).tolist(),
                     )
     try:
-        run_schedule(checked_schedule("ring", world_size), torch.ones(8), segment_bytes=0)
+        run_schedule(checked_schedule("ring", world_size), torch.ones(8), slice_bytes=0)
     except ValueError as error:
-        report["bad segment size"] = str(error)
+        report["bad slice size"] = str(error)
     # The library entry point, as the auto calibration calls it, in the other dtypes.
     report["sweep"] = [
         record.as_dict()
@@ -155,9 +155,9 @@ def lanes_against_one_lane(rank: int, world_size: int) -> dict:
 
 
 @pytest.mark.timeout(240)
-def test_lanes_are_bit_identical_to_one_lane_and_across_ranks():
-    reports = run_ranks(lanes_against_one_lane, 3, timeout=220)
-    assert "segment_bytes must be positive" in reports[0].pop("bad segment size")
+def test_slices_are_bit_identical_to_one_slice_and_across_ranks():
+    reports = run_ranks(slices_against_one_slice, 3, timeout=220)
+    assert "slice_bytes must be positive" in reports[0].pop("bad slice size")
     sweeps = [report.pop("sweep") for report in reports]
     assert all(sweep == sweeps[0] for sweep in sweeps), "ranks disagree on the records"
     assert {(r["algorithm"], r["dtype"], r["nbytes"]) for r in sweeps[0]} == {
@@ -166,9 +166,9 @@ def test_lanes_are_bit_identical_to_one_lane_and_across_ranks():
     }
     assert all(r["wrong"] == 0 and r["world_size"] == 3 for r in sweeps[0])
     assert len(reports[0]) == 2 * len(ALGORITHMS) * 2 * 4
-    for case, (same_as_one_lane, same_events, within_bound, _) in reports[0].items():
-        assert same_as_one_lane, f"lanes changed the result: {case}"
-        assert same_events, f"lanes changed what the observer saw: {case}"
+    for case, (same_as_one_slice, same_events, within_bound, _) in reports[0].items():
+        assert same_as_one_slice, f"slices changed the result: {case}"
+        assert same_events, f"slices changed what the observer saw: {case}"
         assert within_bound, f"result off the exact sum: {case}"
     for case, (*_, bits) in reports[0].items():
         members = (0, 1) if case[0] == 2 else (0, 1, 2)

@@ -22,60 +22,60 @@ def test_chunk_sizes_match_tensor_split(numel, parts):
     assert chunk_sizes(numel, parts) == [t.numel() for t in torch.empty(numel).tensor_split(parts)]
 
 
-def _programs(algorithm, world_size, numel, lanes, window, divide=True):
+def _programs(algorithm, world_size, numel, slices, window, divide=True):
     options = next(o for name, o in algorithm_cases(world_size, flat_hierarchies=True) if name == algorithm)
     schedule = checked_schedule(algorithm, world_size, **options)
     return schedule, [
-        compile_program(schedule, rank, numel=numel, element_size=4, lanes=lanes, window=window, divide=divide)
+        compile_program(schedule, rank, numel=numel, element_size=4, slices=slices, window=window, divide=divide)
         for rank in range(world_size)
     ]
 
 
 CASES = [
-    (algorithm, world_size, numel, lanes, window)
+    (algorithm, world_size, numel, slices, window)
     for algorithm in ALGORITHMS
     for world_size in (2, 3, 4, 6)
-    for numel, lanes, window in ((1, 1, 1), (5, 1, 1), (1000, 1, 1), (1000, 3, 2), (997, 4, 2), (1000, 2, 1))
+    for numel, slices, window in ((1, 1, 1), (5, 1, 1), (1000, 1, 1), (1000, 3, 2), (997, 4, 2), (1000, 2, 1))
 ]
 
 
-@pytest.mark.parametrize("algorithm, world_size, numel, lanes, window", CASES)
-def test_every_send_meets_a_receive_of_the_same_size_in_the_same_order(algorithm, world_size, numel, lanes, window):
+@pytest.mark.parametrize("algorithm, world_size, numel, slices, window", CASES)
+def test_every_send_meets_a_receive_of_the_same_size_in_the_same_order(algorithm, world_size, numel, slices, window):
     """gloo pairs messages first-in first-out per pair of ranks: the n-th message rank a sends
     to rank b must be the n-th that b receives from a, with the same number of elements."""
-    _, programs = _programs(algorithm, world_size, numel, lanes, window)
+    _, programs = _programs(algorithm, world_size, numel, slices, window)
     sent, received = defaultdict(list), defaultdict(list)
     for rank, program in enumerate(programs):
         for event in program.events:
             if isinstance(event, Post):
                 for message in event.unit.sends:
-                    sent[rank, message.peer].append(program.segment_sizes[message.segment])
+                    sent[rank, message.peer].append(program.piece_sizes[message.piece])
                 for message in event.unit.receives:
-                    received[message.peer, rank].append(program.segment_sizes[message.segment])
+                    received[message.peer, rank].append(program.piece_sizes[message.piece])
     assert sent == received
-    assert all(size > 0 for sizes in sent.values() for size in sizes)  # empty segments send nothing
+    assert all(size > 0 for sizes in sent.values() for size in sizes)  # empty pieces send nothing
 
 
-@pytest.mark.parametrize("algorithm, world_size, numel, lanes, window", CASES)
-def test_every_segment_is_divided_exactly_once_when_averaging(algorithm, world_size, numel, lanes, window):
+@pytest.mark.parametrize("algorithm, world_size, numel, slices, window", CASES)
+def test_every_segment_is_divided_exactly_once_when_averaging(algorithm, world_size, numel, slices, window):
     for divide in (True, False):
-        _, programs = _programs(algorithm, world_size, numel, lanes, window, divide=divide)
+        _, programs = _programs(algorithm, world_size, numel, slices, window, divide=divide)
         for program in programs:
             divisions = list(program.undivided)
             for event in program.events:
                 if isinstance(event, Post):
                     divisions += event.unit.divide
                 elif isinstance(event, Complete):
-                    divisions += [landing.message.segment for landing in event.landings if landing.divide]
-            expected = sorted(s for s, size in enumerate(program.segment_sizes) if size) if divide else []
+                    divisions += [landing.message.piece for landing in event.landings if landing.divide]
+            expected = sorted(s for s, size in enumerate(program.piece_sizes) if size) if divide else []
             assert sorted(divisions) == expected
 
 
-@pytest.mark.parametrize("algorithm, world_size, numel, lanes, window", CASES)
-def test_window_and_staging_never_overlap(algorithm, world_size, numel, lanes, window):
+@pytest.mark.parametrize("algorithm, world_size, numel, slices, window", CASES)
+def test_window_and_staging_never_overlap(algorithm, world_size, numel, slices, window):
     """At most ``window`` units in flight, completed first-in first-out; staged receives in
     flight at once never share scratch, and stay inside it."""
-    _, programs = _programs(algorithm, world_size, numel, lanes, window)
+    _, programs = _programs(algorithm, world_size, numel, slices, window)
     for program in programs:
         in_flight = []
         for event in program.events:
@@ -83,7 +83,7 @@ def test_window_and_staging_never_overlap(algorithm, world_size, numel, lanes, w
                 in_flight.append(event.unit)
                 assert len(in_flight) <= window
                 spans = sorted(
-                    (m.scratch, m.scratch + program.segment_sizes[m.segment])
+                    (m.scratch, m.scratch + program.piece_sizes[m.piece])
                     for unit in in_flight for m in unit.receives if m.scratch is not None
                 )
                 assert all(end <= program.scratch_numel for _, end in spans)
@@ -96,5 +96,5 @@ def test_window_and_staging_never_overlap(algorithm, world_size, numel, lanes, w
 
 def test_bad_window_is_refused():
     schedule = checked_schedule("ring", 2)
-    with pytest.raises(ValueError, match="window must be between 1 and lanes"):
-        compile_program(schedule, 0, numel=10, element_size=4, lanes=1, window=2, divide=False)
+    with pytest.raises(ValueError, match="window must be between 1 and slices"):
+        compile_program(schedule, 0, numel=10, element_size=4, slices=1, window=2, divide=False)

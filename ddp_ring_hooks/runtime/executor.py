@@ -28,23 +28,23 @@ the chunk as it was before the step, exactly as the schedule's in-memory replay 
   ``dist.new_group`` work.
 
 Pipelining on CPU (gloo). Done one step at a time, a rank idles on the network while it adds,
-and adds nothing while bytes move. So on CPU every chunk bigger than :data:`SEGMENT_BYTES` is
-cut into segments (``chunk.tensor_split(lanes)``), and segment ``j`` of every chunk forms
-*lane* ``j``: a full copy of the schedule on a slice of the buffer, independent of the other
-lanes. The lanes' steps are posted step by step, lane by lane, keeping
-:data:`SEGMENTS_IN_FLIGHT` of them posted (gloo's own ring keeps two segments in flight), so
-one lane's addition overlaps the next lane's transfer::
+and adds nothing while bytes move. So on CPU every chunk bigger than :data:`SLICE_BYTES` is
+cut into pieces (``chunk.tensor_split(slices)``), and piece ``j`` of every chunk forms
+*slice* ``j``: a full copy of the schedule on a slice of the buffer, independent of the other
+slices. The slices' steps are posted step by step, slice by slice, keeping
+:data:`SLICES_IN_FLIGHT` of them posted (gloo's own ring keeps two segments in flight), so
+one slice's addition overlaps the next slice's transfer::
 
-    posted    s0 l0 | s0 l1 | s0 l2 | s1 l0 | s1 l1 | ...      (s = step, l = lane)
-    adding          | s0 l0 | s0 l1 | s0 l2 | s1 l0 | ...
+    posted    s0 x0 | s0 x1 | s0 x2 | s1 x0 | s1 x1 | ...      (s = step, x = slice)
+    adding          | s0 x0 | s0 x1 | s0 x2 | s1 x0 | ...
 
-Each lane still runs its steps in order (with two or more lanes, ``(step s, lane j)`` is
-completed before ``(step s+1, lane j)`` is posted), every rank posts in the same order (so
+Each slice still runs its steps in order (with two or more slices, ``(step s, slice j)`` is
+completed before ``(step s+1, slice j)`` is posted), every rank posts in the same order (so
 gloo's first-in first-out matching pairs the right messages), and each element is summed
-along the same chain as without lanes: results stay bit-identical. The window drains at
+along the same chain as without slices: results stay bit-identical. The window drains at
 each phase boundary, so observers see a phase's steps before the next phase starts. Scratch
 space (one slot per transfer in flight) is kept per thread and reused: a fresh buffer of
-tens of MB costs a page fault per 4 KB on every call. CUDA keeps one lane: NCCL pipelines
+tens of MB costs a page fault per 4 KB on every call. CUDA keeps one slice: NCCL pipelines
 its transfers itself. On CUDA the scratch is kept per thread, device, dtype *and stream*:
 reusing it is safe only because every use is ordered on that one stream (a receive into it is
 launched by NCCL after the stream's earlier additions, which ProcessGroupNCCL orders by making
@@ -66,11 +66,12 @@ from .errors import StepFailedError
 from .observer import NULL_OBSERVER, ExecutionObserver
 from .program import Complete, Message, Post, Program, Unit, chunk_sizes, program_for
 
-#: On CPU, chunks larger than this are cut into segments that are pipelined (see above).
+#: On CPU, chunks larger than this are cut into pieces of at most this size, one per slice,
+#: and the slices are pipelined (see above).
 #: Big enough that the cost per message (a wake-up of two threads) stays small on a busy host.
-SEGMENT_BYTES = 4 << 20
-#: How many segment transfers a rank keeps posted on CPU while it adds the earlier ones.
-SEGMENTS_IN_FLIGHT = 2
+SLICE_BYTES = 4 << 20
+#: How many slices' transfers a rank keeps posted on CPU while it adds the earlier ones.
+SLICES_IN_FLIGHT = 2
 
 
 def run_schedule(
@@ -79,7 +80,7 @@ def run_schedule(
     *,
     group: dist.ProcessGroup | None = None,
     observer: ExecutionObserver = NULL_OBSERVER,
-    segment_bytes: int | None = None,
+    slice_bytes: int | None = None,
     divisor: int = 1,
     tag: int = 0,
 ) -> torch.Tensor:
@@ -91,8 +92,8 @@ def run_schedule(
     same time on the same group (from different threads) without taking each other's
     messages; calls with the same tag must run one after the other, in the same order on
     every rank. NCCL has no tags (one stream orders its work).
-    ``segment_bytes`` overrides :data:`SEGMENT_BYTES` on CPU (tests use it to get many
-    lanes from small tensors); CUDA tensors always run in one lane.
+    ``slice_bytes`` overrides :data:`SLICE_BYTES` on CPU (tests use it to get many
+    slices from small tensors); CUDA tensors always run in one slice.
     """
     group_size = dist.get_world_size(group)
     if schedule.world_size != group_size:
@@ -102,19 +103,19 @@ def run_schedule(
         )
     if flat.dim() != 1 or not flat.is_contiguous():
         raise ValueError("run_schedule needs a 1-D contiguous tensor; pass tensor.view(-1)")
-    if segment_bytes is not None and segment_bytes < 1:
-        raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
+    if slice_bytes is not None and slice_bytes < 1:
+        raise ValueError(f"slice_bytes must be positive, got {slice_bytes}")
     if group_size == 1 or flat.numel() == 0:
         if divisor != 1:
             flat.div_(divisor)
         observer.on_finish()
         return flat
     on_cpu = flat.device.type == "cpu"
-    lanes = _lane_count(schedule, flat, segment_bytes) if on_cpu else 1
+    slices = _slice_count(schedule, flat, slice_bytes) if on_cpu else 1
     rank = dist.get_rank(group)
     program = program_for(
-        schedule, rank, numel=flat.numel(), element_size=flat.element_size(), lanes=lanes,
-        window=min(SEGMENTS_IN_FLIGHT, lanes), divide=divisor != 1,
+        schedule, rank, numel=flat.numel(), element_size=flat.element_size(), slices=slices,
+        window=min(SLICES_IN_FLIGHT, slices), divide=divisor != 1,
     )
     group = group if group is not None else dist.group.WORLD
     _Execution(schedule, program, flat, group, rank, observer, divisor, on_cpu, tag).run()
@@ -122,9 +123,9 @@ def run_schedule(
     return flat
 
 
-def _lane_count(schedule: Schedule, flat: torch.Tensor, segment_bytes: int | None) -> int:
+def _slice_count(schedule: Schedule, flat: torch.Tensor, slice_bytes: int | None) -> int:
     largest_chunk = chunk_sizes(flat.numel(), schedule.num_chunks)[0] * flat.element_size()
-    return max(1, math.ceil(largest_chunk / (segment_bytes or SEGMENT_BYTES)))
+    return max(1, math.ceil(largest_chunk / (slice_bytes or SLICE_BYTES)))
 
 
 class _Execution:
@@ -140,7 +141,7 @@ class _Execution:
         self.rank = rank
         self.tag = tag
         self.observer = observer
-        self.segments = flat.split(program.segment_sizes)
+        self.pieces = flat.split(program.piece_sizes)
         # Scratch is reused (see the module docstring): a fresh buffer of tens of MB costs a
         # page fault per 4 KB on every call on CPU, an allocator round trip per bucket on CUDA.
         numel = program.scratch_numel
@@ -158,11 +159,11 @@ class _Execution:
         # gloo work object can block on the transport, and the peers should not wait for
         # that (measured: 4 ranks x 64 KB took 30 ms per call instead of 10 ms).
         retired: list[list[dist.Work]] = []
-        segments, divisor = self.segments, self.divisor
+        pieces, divisor = self.pieces, self.divisor
         for event in self.program.events:
             if type(event) is Post:
-                for segment in event.unit.divide:
-                    segments[segment].div_(divisor)
+                for piece in event.unit.divide:
+                    pieces[piece].div_(divisor)
                 in_flight.append(self.start(self, event.unit))
                 retired.clear()
             elif type(event) is Complete:
@@ -172,15 +173,15 @@ class _Execution:
                 retired.append(works)
             else:
                 self.observer.on_phase(event.name)
-        for segment in self.program.undivided:
-            segments[segment].div_(divisor)
+        for piece in self.program.undivided:
+            pieces[piece].div_(divisor)
 
     def buffer(self, message: Message) -> torch.Tensor:
-        """Where a message is read from or lands: its segment, or its place in scratch."""
-        segment = self.segments[message.segment]
+        """Where a message is read from or lands: its piece, or its place in scratch."""
+        piece = self.pieces[message.piece]
         if message.scratch is None:
-            return segment
-        return self.scratch[message.scratch : message.scratch + segment.numel()]
+            return piece
+        return self.scratch[message.scratch : message.scratch + piece.numel()]
 
     def _wait(self, unit: Unit, works: list[dist.Work]) -> None:
         position = 0
@@ -194,17 +195,17 @@ class _Execution:
             raise self._failure(error, unit, 0 if coalesced else position) from error
 
     def _land(self, event: Complete) -> None:
-        segments, divisor = self.segments, self.divisor
+        pieces, divisor = self.pieces, self.divisor
         for landing in event.landings:
             if landing.message.scratch is None:  # a copy that landed in place
                 continue
-            segment, received = segments[landing.message.segment], self.buffer(landing.message)
+            piece, received = pieces[landing.message.piece], self.buffer(landing.message)
             if landing.op is Op.COPY:
-                segment.copy_(received)
+                piece.copy_(received)
             elif not landing.divide:
-                segment.add_(received)
+                piece.add_(received)
             else:
-                torch.addcdiv(received, segment, divisor, out=segment)
+                torch.addcdiv(received, piece, divisor, out=piece)
         if event.ends_step:
             step = event.unit.step
             self.observer.on_step(step, self.schedule.plan_for(self.rank)[step], self.program.chunk_bytes)
@@ -240,7 +241,7 @@ def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
     works: list[dist.Work] = []
     try:
         for m in unit.sends:
-            works.append(group.send([execution.segments[m.segment]], m.peer, tag))
+            works.append(group.send([execution.pieces[m.piece]], m.peer, tag))
         for m in unit.receives:
             works.append(group.recv([execution.buffer(m)], m.peer, tag))
     except RuntimeError as error:
@@ -254,7 +255,7 @@ def _start_batched(execution: _Execution, unit: Unit) -> list[dist.Work]:
     """Start a unit as one ``batch_isend_irecv`` group: NCCL needs that, or a send posted
     before its peer's receive could deadlock."""
     group = execution.group
-    ops = [p2p_op(dist.isend, execution.segments[m.segment], group=group, peer=m.peer) for m in unit.sends]
+    ops = [p2p_op(dist.isend, execution.pieces[m.piece], group=group, peer=m.peer) for m in unit.sends]
     ops += [p2p_op(dist.irecv, execution.buffer(m), group=group, peer=m.peer) for m in unit.receives]
     try:
         return dist.batch_isend_irecv(ops) if ops else []
@@ -284,7 +285,7 @@ def _reused_buffer(flat: torch.Tensor, numel: int) -> torch.Tensor:
     grown when too small.
 
     Per thread, because the comm workers and the main thread may run schedules at the same
-    time. Its size is bounded by ``SEGMENTS_IN_FLIGHT`` segments of staged receives.
+    time. Its size is bounded by ``SLICES_IN_FLIGHT`` pieces of staged receives.
     """
     cache, key = _cache(), ("scratch", *_cache_key(flat))
     buffer = cache.get(key)

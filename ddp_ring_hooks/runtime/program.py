@@ -12,16 +12,16 @@ A :class:`Program` is a list of events, in the order the executor meets them:
   and receives;
 - ``Complete(unit, landings)``: wait for the oldest unit in flight, then apply its receives.
 
-A *unit* is one lane's share of one step (see :mod:`~ddp_ring_hooks.runtime.executor` for
-lanes). Buffers are *segments*: ``flat.split(program.segment_sizes)`` cuts the buffer into
-``num_chunks x lanes`` views, segment ``chunk * lanes + lane`` being segment ``lane`` of
+A *unit* is one slice's share of one step (see :mod:`~ddp_ring_hooks.runtime.executor` for
+slices). Buffers are *pieces*: ``flat.split(program.piece_sizes)`` cuts the buffer into
+``num_chunks x slices`` views, piece ``chunk * slices + slice`` being piece ``slice`` of
 ``chunk`` (the order they lie in memory). Chunks follow ``torch.tensor_split``, and so do a
-chunk's segments, so every rank cuts the same way and empty segments send nothing.
+chunk's pieces, so every rank cuts the same way and empty pieces send nothing.
 
-Averaging (``divide=True``) divides each segment exactly once, at its first use: a segment
-first sent is divided in place just before (:attr:`Unit.divide`); a segment first reduced
-becomes ``received + segment / divisor`` in one pass (:attr:`Landing.divide`); a segment first
-overwritten by a copy needs nothing; a segment no step touches is divided at the end
+Averaging (``divide=True``) divides each piece exactly once, at its first use: a piece
+first sent is divided in place just before (:attr:`Unit.divide`); a piece first reduced
+becomes ``received + piece / divisor`` in one pass (:attr:`Landing.divide`); a piece first
+overwritten by a copy needs nothing; a piece no step touches is divided at the end
 (:attr:`Program.undivided`).
 """
 
@@ -36,11 +36,11 @@ from ..schedules import Op, RankStep, Schedule
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One send or receive: the segment it reads or fills, and the peer (a rank of the group)."""
+    """One send or receive: the piece it reads or fills, and the peer (a rank of the group)."""
 
-    segment: int
+    piece: int
     peer: int
-    #: Receives only: where in scratch the message lands, or ``None`` to land in the segment.
+    #: Receives only: where in scratch the message lands, or ``None`` to land in the piece.
     scratch: int | None = None
 
 
@@ -49,19 +49,19 @@ class Landing:
     """What to do with a received message once it has arrived."""
 
     message: Message
-    #: ``Op.REDUCE``: add it to the segment; ``Op.COPY``: it replaces the segment (nothing to
-    #: do when it landed in the segment itself).
+    #: ``Op.REDUCE``: add it to the piece; ``Op.COPY``: it replaces the piece (nothing to
+    #: do when it landed in the piece itself).
     op: Op
-    #: A reduce that is the segment's first use: divide the segment in the same pass.
+    #: A reduce that is the piece's first use: divide the piece in the same pass.
     divide: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Unit:
-    """One lane's share of one step: what is posted together."""
+    """One slice's share of one step: what is posted together."""
 
     step: int  # the step's index in the plan
-    divide: tuple[int, ...]  # segments to divide in place before sending them
+    divide: tuple[int, ...]  # pieces to divide in place before sending them
     sends: tuple[Message, ...]
     receives: tuple[Message, ...]
 
@@ -86,18 +86,18 @@ class Complete:
 
     unit: Unit
     landings: tuple[Landing, ...]
-    ends_step: bool  # the step's last lane: observers hear of the step now
+    ends_step: bool  # the step's last slice: observers hear of the step now
 
 
 @dataclass(frozen=True, slots=True)
 class Program:
     """Everything one rank does to all-reduce one buffer size, in order."""
 
-    segment_sizes: tuple[int, ...]  # elements per segment, in memory order
+    piece_sizes: tuple[int, ...]  # elements per piece, in memory order
     chunk_bytes: tuple[int, ...]  # per chunk, for observers
     events: tuple[Phase | Post | Complete, ...]
     scratch_numel: int  # staging space for the receives in flight
-    undivided: tuple[int, ...]  # segments no step touches (divide them at the end)
+    undivided: tuple[int, ...]  # pieces no step touches (divide them at the end)
 
 
 def chunk_sizes(numel: int, parts: int) -> list[int]:
@@ -112,24 +112,24 @@ def compile_program(
     *,
     numel: int,
     element_size: int,
-    lanes: int,
+    slices: int,
     window: int,
     divide: bool,
 ) -> Program:
     """Compile ``schedule`` for ``rank`` on a buffer of ``numel`` elements (see the module docstring).
 
-    ``window`` units are kept posted at a time (at most ``lanes``, so a lane's steps never
+    ``window`` units are kept posted at a time (at most ``slices``, so a slice's steps never
     overlap); the window drains at each phase boundary.
     """
-    if not 1 <= window <= lanes:
-        raise ValueError(f"window must be between 1 and lanes ({lanes}), got {window}")
+    if not 1 <= window <= slices:
+        raise ValueError(f"window must be between 1 and slices ({slices}), got {window}")
     plan = schedule.plan_for(rank)
     chunks = chunk_sizes(numel, schedule.num_chunks)
-    segment_sizes = tuple(size for chunk in chunks for size in chunk_sizes(chunk, lanes))
-    compiler = _Compiler(plan, segment_sizes, lanes, window, divide)
+    piece_sizes = tuple(size for chunk in chunks for size in chunk_sizes(chunk, slices))
+    compiler = _Compiler(plan, piece_sizes, slices, window, divide)
     events = compiler.run()
     return Program(
-        segment_sizes=segment_sizes,
+        piece_sizes=piece_sizes,
         chunk_bytes=tuple(size * element_size for size in chunks),
         events=events,
         scratch_numel=compiler.slot_numel * window,
@@ -140,26 +140,26 @@ def compile_program(
 class _Compiler:
     """Walks the plan in the executor's order, deciding slots, landings and divisions."""
 
-    def __init__(self, plan: tuple[RankStep, ...], segment_sizes: tuple[int, ...], lanes: int, window: int, divide: bool):
+    def __init__(self, plan: tuple[RankStep, ...], piece_sizes: tuple[int, ...], slices: int, window: int, divide: bool):
         self.plan = plan
-        self.sizes = segment_sizes
-        self.lanes = lanes
+        self.sizes = piece_sizes
+        self.slices = slices
         self.window = window
-        self.slot_numel = max((self._staged_numel(step, 0) for step in plan), default=0)  # lane 0 is the largest
-        self.pending_division = {s for s, size in enumerate(segment_sizes) if size} if divide else set()
+        self.slot_numel = max((self._staged_numel(step, 0) for step in plan), default=0)  # slice 0 is the largest
+        self.pending_division = {s for s, size in enumerate(piece_sizes) if size} if divide else set()
 
-    def _segment(self, chunk: int, lane: int) -> int:
-        return chunk * self.lanes + lane
+    def _piece(self, chunk: int, slice_index: int) -> int:
+        return chunk * self.slices + slice_index
 
-    def _staged_numel(self, step: RankStep, lane: int) -> int:
+    def _staged_numel(self, step: RankStep, slice_index: int) -> int:
         sent = {send.chunk for send in step.sends}
         return sum(
-            self.sizes[self._segment(r.chunk, lane)] for r in step.receives if r.op is Op.REDUCE or r.chunk in sent
+            self.sizes[self._piece(r.chunk, slice_index)] for r in step.receives if r.op is Op.REDUCE or r.chunk in sent
         )
 
     def run(self) -> tuple[Phase | Post | Complete, ...]:
         events: list[Phase | Post | Complete] = []
-        in_flight: list[tuple[Unit, RankStep, int, bool]] = []  # (unit, step, lane, ends_step)
+        in_flight: list[tuple[Unit, RankStep, int, bool]] = []  # (unit, step, slice, ends_step)
         posted = 0
         phase = None
         for index, step in enumerate(self.plan):
@@ -168,47 +168,47 @@ class _Compiler:
                 in_flight.clear()
                 phase = step.phase
                 events.append(Phase(phase))
-            for lane in range(self.lanes):
+            for slice_index in range(self.slices):
                 if len(in_flight) == self.window:
                     events.append(self._complete(*in_flight.pop(0)))
-                unit = self._unit(index, step, lane, slot=posted % self.window)
+                unit = self._unit(index, step, slice_index, slot=posted % self.window)
                 events.append(Post(unit))
-                in_flight.append((unit, step, lane, lane == self.lanes - 1))
+                in_flight.append((unit, step, slice_index, slice_index == self.slices - 1))
                 posted += 1
         events += [self._complete(*pending) for pending in in_flight]
         return tuple(events)
 
-    def _unit(self, index: int, step: RankStep, lane: int, *, slot: int) -> Unit:
+    def _unit(self, index: int, step: RankStep, slice_index: int, *, slot: int) -> Unit:
         sent = {send.chunk for send in step.sends}
         divide, sends, receives = [], [], []
         for send in step.sends:
-            segment = self._segment(send.chunk, lane)
-            if self.sizes[segment]:
-                if segment in self.pending_division:
-                    self.pending_division.discard(segment)
-                    divide.append(segment)
-                sends.append(Message(segment, send.peer))
+            piece = self._piece(send.chunk, slice_index)
+            if self.sizes[piece]:
+                if piece in self.pending_division:
+                    self.pending_division.discard(piece)
+                    divide.append(piece)
+                sends.append(Message(piece, send.peer))
         offset = slot * self.slot_numel
         for receive in step.receives:
-            segment = self._segment(receive.chunk, lane)
-            if not self.sizes[segment]:
+            piece = self._piece(receive.chunk, slice_index)
+            if not self.sizes[piece]:
                 continue
             if receive.op is Op.COPY and receive.chunk not in sent:
-                receives.append(Message(segment, receive.peer))  # lands in place
+                receives.append(Message(piece, receive.peer))  # lands in place
             else:  # a sum, or a copy over a chunk this step still sends: stage it
-                receives.append(Message(segment, receive.peer, scratch=offset))
-                offset += self.sizes[segment]
+                receives.append(Message(piece, receive.peer, scratch=offset))
+                offset += self.sizes[piece]
         return Unit(index, tuple(divide), tuple(sends), tuple(receives))
 
-    def _complete(self, unit: Unit, step: RankStep, lane: int, ends_step: bool) -> Complete:
-        """Landings are decided here, not at posting: whether a reduce is a segment's first
+    def _complete(self, unit: Unit, step: RankStep, slice_index: int, ends_step: bool) -> Complete:
+        """Landings are decided here, not at posting: whether a reduce is a piece's first
         use depends on what the units completed in between did to it."""
-        ops = {self._segment(r.chunk, lane): r.op for r in step.receives}
+        ops = {self._piece(r.chunk, slice_index): r.op for r in step.receives}
         landings = []
         for message in unit.receives:
-            op = ops[message.segment]
-            first_use = message.segment in self.pending_division
-            self.pending_division.discard(message.segment)  # summed with division, or overwritten
+            op = ops[message.piece]
+            first_use = message.piece in self.pending_division
+            self.pending_division.discard(message.piece)  # summed with division, or overwritten
             landings.append(Landing(message, op, divide=op is Op.REDUCE and first_use))
         return Complete(unit, tuple(landings), ends_step)
 

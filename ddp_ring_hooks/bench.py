@@ -50,8 +50,6 @@ from .schedules import ALGORITHMS
 from .telemetry.records import bandwidths_GBps
 from .units import format_size, parse_size  # noqa: F401 - re-exported: bench.parse_size
 
-#: ``dist.all_reduce`` (the backend's own algorithm): the baseline every sweep includes.
-
 #: Element types by the names nccl-tests' ``-d`` takes (and torch's own names).
 DTYPES: dict[str, torch.dtype] = {
     "float": torch.float32, "float32": torch.float32,

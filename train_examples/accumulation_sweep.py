@@ -358,6 +358,7 @@ def format_table(records: list[dict], warnings: list[str]) -> str:
     if warnings:
         lines.append("")
         lines += [f"WARNING: {text}" for text in warnings]
+    if warnings and records[0]["rounds"] > 1:
         lines.append("These rounds do not agree: rerun with more --rounds or --steps, on a quieter machine, "
                      "before trusting the numbers above.")
     return "\n".join(lines)

@@ -39,22 +39,20 @@ def bytes_factor(algorithm: str, world_size: int, **options) -> float:
     """Bytes the busiest rank sends per byte of bucket (it receives and adds as many): what
     the communication threads' CPU time grows with.
 
-    Ring, halving-doubling and hierarchical send what their formula's β term says
-    (``2(p-1)/p`` for the ring). Tree and naive do not: their β term counts a whole-buffer
-    message per level or peer on the critical path, while the busiest rank (the root, the
-    master) sends what the schedule itself says (tree at p=2: 1, not 2).
+    Counted on the schedule itself, not read off the formula's β term: that term counts the
+    critical path (a whole-buffer message per tree level, halving-doubling's fold twice),
+    while the busiest rank sends what the schedule says (tree at p=2: 1, not 2;
+    halving-doubling at p=3: 2, not 3). ``native`` is counted as the ring it is priced as.
     """
     if world_size < 2:
         return 0.0
     formula = formula_of(algorithm)
-    if formula in ("tree", "naive"):
-        return _schedule_bytes_factor(formula, world_size)
-    return coefficients(formula, world_size, **options)[1]
+    return _schedule_bytes_factor(formula, world_size, tuple(sorted(options.items())))
 
 
 @functools.lru_cache(maxsize=64)
-def _schedule_bytes_factor(algorithm: str, world_size: int) -> float:
-    return max(bytes_sent_per_rank(build_schedule(algorithm, world_size), 1.0))
+def _schedule_bytes_factor(algorithm: str, world_size: int, options: tuple = ()) -> float:
+    return max(bytes_sent_per_rank(build_schedule(algorithm, world_size, **dict(options)), 1.0))
 
 
 @dataclass(frozen=True)

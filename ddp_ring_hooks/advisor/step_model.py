@@ -15,7 +15,7 @@
    threads copy and add bytes on the same cores. The run measured it (:mod:`.profile`); it is
    taken to grow with the bytes moved while backward runs (``bytes_factor · bucket bytes``,
    for each bucket the share of its transfer that overlaps backward). Backward stretches by
-   it, which moves the hand-over times: two rounds of lanes settle it.
+   it, which moves the hand-over times: a few rounds of lanes settle it.
 5. **Calibrated on the run.** The model of the run's own setting is compared with what the
    run measured; the difference (the exposed time the α-β queue does not explain: hook
    start-up, waiting for the slower rank) is added to every prediction, so the run's own
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..schedules import get_algorithm
+from ..schedules import algorithm_names, get_algorithm
 from .bucketing import bucket_limits, rebuilt_bucket_bytes
 from .lanes import run_lanes
 from .network import Network, bytes_factor
@@ -102,6 +102,8 @@ def _hidden_bytes(sizes, starts, ends, backward_ms: float) -> float:
 
 
 def _options(setting: Setting) -> dict:
+    if setting.algorithm not in algorithm_names():  # "auto": priced as the ring, no options
+        return {}
     takes_node_size = "local_size" in get_algorithm(setting.algorithm).option_names
     return {"local_size": setting.local_size} if takes_node_size else {}
 

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the advice; 0, or 2 with a message when the input cannot be used."""
     try:
         advice = advise(read_timeline(args.log_dir), network=network_from_args(args))
-    except (ValueError, FileNotFoundError) as error:
-        return fail("advise", str(error))
+    except (ValueError, OSError, KeyError, TypeError) as error:  # a file that is not what it should be
+        return fail("advise", f"{type(error).__name__}: {error}" if isinstance(error, KeyError | TypeError) else str(error))
     print(json.dumps(advice, indent=1) if args.json else format_advice(advice))
     return 0

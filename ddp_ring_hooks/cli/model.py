@@ -34,6 +34,8 @@ _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 def parse_bandwidth(text: str) -> float:
     """Bytes per second: ``"100GB/s"`` -> 1e11; a lower-case b means bits: ``"25Gb/s"`` -> 3.125e9."""
     number, unit = _split(text, "bandwidth", "100GB/s or 25Gbit/s")
+    if number <= 0:
+        raise ValueError(f"bandwidth must be positive, got {text!r}")
     per = unit.removesuffix("/s").removesuffix("ps")  # GB/s, GBps, Gbit/s, Gbps
     if per.endswith("bit"):
         per = per[:-3] + "b"
@@ -189,7 +191,8 @@ def explain(nbytes: float, world_sizes: list[int], params: dict, segments: int =
     ring = {p: coefficients("ring", p) for p in (low, high)}
     sent = {p: format_seconds(ring[p][1] * nbytes * beta) for p in (low, high)}
     latency = {p: format_seconds(ring[p][0] * alpha) for p in (low, high)}
-    growth = predict("ring", nbytes, high, **params) / predict("ring", nbytes, max(low, 2), **params)
+    smallest = predict("ring", nbytes, max(low, 2), **params)
+    growth = predict("ring", nbytes, high, **params) / smallest if smallest > 0 else 1.0
     if growth < 1.5:  # bandwidth-bound: the lesson of the article's table
         ring_line = (
             f"ring barely grows with p: each rank sends 2(p-1)/p of the buffer, {sent[low]} at p={low} and "

@@ -89,6 +89,8 @@ class ArrivalGather:
         try:
             torch.futures.wait_all(futures)
         except Exception:  # noqa: BLE001 - DDP raises the bucket's failure; the group is unusable
+            # Gather no more: the peers' message streams would be out of step with ours.
+            self._give_up("a bucket of this step failed")
             return
         total_ms = self.telemetry.take_step_total_ms(step)  # every bucket finished: it is there
         if self._broken:

@@ -252,11 +252,15 @@ class HookState:
         if ranges is not None:
             observer = combine_observers(observer, ranges)
         if buffer.is_cuda:
-            # Order the side stream after the kernels that produced this bucket (now, on the
-            # GPU: no host wait); the worker enqueues everything else on that stream.
-            cuda.stream_after_current(buffer.device)
+            # The kernels that produced this bucket, as an event; the worker orders its side
+            # stream after it when it starts the bucket (see runtime/cuda_lane.py).
+            handed_over = cuda.mark_handed_over(buffer.device)
             side = cuda.cuda_lane(self.group, buffer.device)
-            job = lambda: self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration, group=side.group)  # noqa: E731
+
+            def job():
+                cuda.wait_handed_over(handed_over)
+                return self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration, group=side.group)
+
             devices = [buffer.device]
             worker = side.worker
         else:

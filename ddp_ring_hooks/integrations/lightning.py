@@ -219,6 +219,7 @@ class CommTimingLogger(pl.Callback):
 
     def __init__(self, *, print_advice: bool = True) -> None:
         self.print_advice = print_advice
+        self._advice: str | None = None  # this fit's, on rank 0 (see on_train_end)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         strategy = _ring_strategy(trainer)
@@ -237,14 +238,15 @@ class CommTimingLogger(pl.Callback):
         state = _ring_strategy(trainer).hook_state
         if state is not None:
             state.telemetry.flush()
+        # The advice, worked out once per fit on rank 0: the comm/advice panel now, printed at fit end.
+        self._advice = advice_text(state) if state is not None and trainer.global_rank == 0 else None
         logger = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
-        if state is not None and logger is not None and trainer.global_rank == 0:  # the comm/advice panel
-            logger.experiment.add_text(ADVICE_TAG, advice_panel(advice_text(state)), global_step=trainer.global_step)
+        if self._advice is not None and logger is not None:
+            logger.experiment.add_text(ADVICE_TAG, advice_panel(self._advice), global_step=trainer.global_step)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        state = _ring_strategy(trainer).hook_state
-        if self.print_advice and state is not None and trainer.global_rank == 0:
-            print(advice_text(state))
+        if self.print_advice and self._advice is not None:
+            print(self._advice)
 
 
 def advice_text(state: HookState) -> str:
@@ -334,7 +336,7 @@ class ThroughputLogger(pl.Callback):
         self._window_samples = 0
         self._window_micro_batches = 0
         self._last_step = 0
-        # CUDA: (end event, record without seconds) of steps whose end the GPU has not reached.
+        # CUDA: (start event, end event, record without seconds) of steps whose end the GPU has not reached.
         self._in_flight: list[tuple[Any, Any, StepThroughput]] = []
         self._window_event: Any = None
 

@@ -3,13 +3,15 @@
 Why each piece (checked against PyTorch's own ``ProcessGroupNCCL``, ``torch.cuda.streams``
 and ``torch.futures`` semantics; none of this has run on a GPU yet, see ``docs/gpu.md``):
 
-- **A communication stream per device** (:func:`comm_stream`). The hook is called on the
-  autograd thread, whose current stream is backward's compute stream. If the schedule's
-  ``work.wait()`` calls and additions were enqueued there, every kernel of earlier layers
-  would queue behind the whole ring. So the hook makes the side stream wait for the compute
-  stream *at the moment the bucket is handed over* (``stream.wait_stream``: an event recorded
-  on the compute stream plus ``cudaStreamWaitEvent``, no host wait), and everything of the
-  bucket after that goes on the side stream: NCCL's own stream waits for the side stream at
+- **A communication stream per communicator and device** (:func:`comm_stream`). The hook is
+  called on the autograd thread, whose current stream is backward's compute stream. If the
+  schedule's ``work.wait()`` calls and additions were enqueued there, every kernel of earlier
+  layers would queue behind the whole ring. So the hook records an event on the compute stream
+  *at the moment the bucket is handed over* (:func:`mark_handed_over`), and the worker makes
+  the side stream wait for that event (``cudaStreamWaitEvent``, no host wait) as the first
+  thing of the bucket's job, not at hand-over: a wait queued at hand-over would hold back
+  everything the worker is still queuing for the *previous* bucket. Everything of the bucket
+  after that goes on the side stream: NCCL's own stream waits for the side stream at
   each launch (ProcessGroupNCCL syncs with the *current* stream), ``work.wait()`` makes the
   side stream wait for NCCL's, the additions run on it, scratch is allocated and reused on it.
 - **The Future completes on that stream.** The worker's thread keeps the side stream as its
@@ -50,7 +52,11 @@ from .collectives import backend_for
 from .worker import CommWorker, worker_for
 
 _LOCK = threading.Lock()
-_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+# (owner, device) -> stream. One stream per communicator: two communicators' NCCL streams both
+# wait for the stream they are launched from, so sharing one would turn the host order of two
+# threads (which may differ between ranks) into a GPU dependency between communicators: a
+# cross-rank deadlock.
+_STREAMS: dict[tuple[object, torch.device], torch.cuda.Stream] = {}
 # Weak keys: holding a process group would keep it alive past destroy_process_group.
 _DEDICATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _CONTROL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -71,24 +77,38 @@ def carries_cuda(group: dist.ProcessGroup | None) -> bool:
     return backend_for(str(dist.get_backend(group)), "cuda") is not None
 
 
-def comm_stream(device: torch.device) -> torch.cuda.Stream:
-    """The communication stream of ``device``, made once per process and shared by every
-    hook (one per device: two of our streams would only compete with each other)."""
+def comm_stream(device: torch.device, owner: object = "native") -> torch.cuda.Stream:
+    """The communication stream of ``owner`` (a communicator: ``"native"`` for the groups' own
+    all-reduce issued from the hook thread, or a hook group's id for its worker) on
+    ``device``, made once per process."""
     device = torch.device(device)
     with _LOCK:
-        stream = _STREAMS.get(device)
+        stream = _STREAMS.get((owner, device))
         if stream is None:
-            stream = _STREAMS[device] = torch.cuda.Stream(device=device)
+            stream = _STREAMS[(owner, device)] = torch.cuda.Stream(device=device)
         return stream
 
 
-def stream_after_current(device: torch.device) -> torch.cuda.Stream:
+def stream_after_current(device: torch.device, owner: object = "native") -> torch.cuda.Stream:
     """:func:`comm_stream`, made to wait (on the GPU, not the host) for the work enqueued so
-    far on the calling thread's current stream of ``device``: the kernels that produced the
-    bucket, and nothing enqueued later."""
-    stream = comm_stream(device)
+    far on the calling thread's current stream of ``device``: for a caller that enqueues the
+    whole bucket right here (``native`` on the hook thread)."""
+    stream = comm_stream(device, owner)
     stream.wait_stream(torch.cuda.current_stream(device))
     return stream
+
+
+def mark_handed_over(device: torch.device) -> torch.cuda.Event:
+    """On the hook thread: an event after the kernels that produced the bucket (the current
+    stream's work so far). The worker's :func:`wait_handed_over` orders its stream after it."""
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def wait_handed_over(event: torch.cuda.Event) -> None:
+    """On the worker: make its current (side) stream wait for ``event``; no host wait."""
+    torch.cuda.current_stream().wait_event(event)
 
 
 def dedicated_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
@@ -138,7 +158,7 @@ def cuda_lane(group: dist.ProcessGroup | None, device: torch.device) -> CudaLane
     :func:`~ddp_ring_hooks.runtime.workers_of` (``group``), so ``HookState.close`` stops it."""
     group = group if group is not None else dist.group.WORLD
     device = torch.device(device)
-    stream = comm_stream(device)
+    stream = comm_stream(device, owner=id(group))
 
     def on_thread_start() -> None:
         # The thread's current device and stream, for its whole life: kernels, NCCL launches,

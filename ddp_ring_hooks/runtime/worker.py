@@ -98,13 +98,18 @@ _WORKERS_LOCK = threading.Lock()
 
 def worker_for(group: object, lane: object = 0, *, on_start: Callable[[], None] | None = None) -> CommWorker:
     """The worker shared by every job of ``lane`` on ``group`` (a process group), made on first
-    use (with ``on_start``, see :class:`CommWorker`). Lanes are gloo tags (ints) on CPU, and
-    ``("cuda", device index)`` for a CUDA lane."""
+    use (with ``on_start``, see :class:`CommWorker`). Lanes are gloo tags (ints) on CPU,
+    ``("cuda", device index)`` for a CUDA lane, or a name (the arrivals gather's)."""
     with _WORKERS_LOCK:
         lanes = _WORKERS.setdefault(group, {})
         worker = lanes.get(lane)
         if worker is None:
-            name = f"ddp-ring-hooks-comm-{lane}" if isinstance(lane, int) else f"ddp-ring-hooks-cuda-{lane[1]}"
+            if isinstance(lane, int):
+                name = f"ddp-ring-hooks-comm-{lane}"
+            elif isinstance(lane, tuple):
+                name = f"ddp-ring-hooks-cuda-{lane[1]}"
+            else:
+                name = f"ddp-ring-hooks-{lane}"
             worker = lanes[lane] = CommWorker(name=name, on_start=on_start)
         return worker
 

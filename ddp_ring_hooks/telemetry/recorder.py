@@ -222,6 +222,11 @@ class Telemetry:
         try:
             self._queue.put_nowait(pending)
         except queue.Full:
+            self._count_dropped()
+
+    def _count_dropped(self) -> None:
+        # Called from the comm workers, the arrivals worker and the writer: one lock.
+        with self._step_lock:
             self._dropped += 1
 
     # -- across ranks: the hook state gathers, telemetry records ------------------------------
@@ -237,7 +242,7 @@ class Telemetry:
         try:
             self._queue.put_nowait(record)
         except queue.Full:
-            self._dropped += 1
+            self._count_dropped()
 
     def local_trace_events(self) -> list[dict]:
         """This rank's trace events of the window, on its own clock (waits for the writer)."""
@@ -348,7 +353,8 @@ class Telemetry:
                 self._deliver(item)
                 continue
             record = self._guard(lambda: resolve_step(item, deadline=time.monotonic() + _CLOSE_TIMEOUT_S))
-            if record is None:
+            if record is None:  # its CUDA events never completed (or resolving failed): counted
+                self._count_dropped()
                 continue
             for sink, wants in self._all_routes():
                 if wants(record.step):

@@ -257,7 +257,7 @@ class TraceSink(Sink):
 
     Times are this rank's monotonic clock; the file says how it relates to rank 0's
     (``ddp_ring_hooks.clock_offset_ms``), so files of several ranks can be put on one axis
-    (:func:`~.trace_merge.merge_traces`, ``ddp-ring-hooks trace merge``). Rank 0's file holds
+    (:func:`~.trace_merge.merge_trace_files`, ``ddp-ring-hooks trace merge``). Rank 0's file holds
     every rank once they were gathered (:meth:`add_peer_traces`), already aligned.
     """
 

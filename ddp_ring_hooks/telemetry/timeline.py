@@ -63,7 +63,7 @@ def _now_ms() -> float:
 class _BucketMarks(ExecutionObserver):
     """One bucket: handed over (hook thread), communication start and end (worker thread)."""
 
-    __slots__ = ("index", "nbytes", "handed", "start", "end", "cpu_start", "cpu_ms")
+    __slots__ = ("index", "nbytes", "handed", "start", "end", "cpu_start", "cpu_thread", "cpu_ms")
 
     def __init__(self, index: int, nbytes: int) -> None:
         self.index, self.nbytes = index, nbytes
@@ -71,18 +71,21 @@ class _BucketMarks(ExecutionObserver):
         self.start: float | None = None
         self.end: float | None = None
         self.cpu_start = 0.0
+        self.cpu_thread: int | None = None
         self.cpu_ms = 0.0
 
     def on_phase(self, phase: str) -> None:
         if self.start is None:  # the first phase starts the communication
             self.start = _now_ms()
-            self.cpu_start = time.thread_time()
+            self.cpu_start, self.cpu_thread = time.thread_time(), threading.get_ident()
 
     def on_finish(self) -> None:
         self.end = _now_ms()
-        if self.start is None:  # an executor without phases (native): timed from the hand-over
+        if self.start is None:  # an executor without phases: timed from the hand-over
             self.start = self.handed
-        else:
+        elif self.cpu_thread == threading.get_ident():
+            # A thread's CPU clock: only meaningful when one thread ran the whole all-reduce.
+            # native starts it on the hook thread and finishes in gloo's callback: no reading.
             self.cpu_ms = (time.thread_time() - self.cpu_start) * 1e3
 
 
@@ -148,6 +151,10 @@ class Timeline:
     def attach(self, ddp_model, *, algorithm: str, concurrent_buckets: int, group=None) -> None:
         """Describe the run and hook the model's forward (call once per DDP model)."""
         self.run = describe_run(ddp_model, algorithm=algorithm, concurrent_buckets=concurrent_buckets, group=group)
+        if self.run["device"] != "cpu":
+            # On CUDA the host clocks time launches, not work: the advisor refuses such a
+            # timeline (it says so), so record nothing on the hot path.
+            return
         self._handles = [
             ddp_model.register_forward_pre_hook(self._before_forward),
             ddp_model.register_forward_hook(self._after_forward),
@@ -155,7 +162,9 @@ class Timeline:
         _OPTIMIZER_CLOCK.add(self)
         if self.log_dir is not None and self.run["rank"] == 0:
             os.makedirs(self.log_dir, exist_ok=True)
-            self._file = open(os.path.join(self.log_dir, TIMELINE_FILE), "w", encoding="utf-8")  # noqa: SIM115
+            # Line-buffered: every finished step is on disk, for `advise LOG_DIR` during a run
+            # and after a crash.
+            self._file = open(os.path.join(self.log_dir, TIMELINE_FILE), "w", encoding="utf-8", buffering=1)  # noqa: SIM115
             self._write(self.run)
 
     def observe_bucket(self, buffer: torch.Tensor, *, index: int, is_last: bool) -> ExecutionObserver:
@@ -297,7 +306,16 @@ def read_timeline(path: str | os.PathLike) -> list[dict]:
             "(or RingDDPStrategy(log_dir=DIR)) and pass that DIR"
         )
     with open(path, encoding="utf-8") as file:
-        return [json.loads(line) for line in file if line.strip()]
+        lines = [line for line in file if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise ValueError(f"{path}, line {number}: not a timeline record") from None
+            # The last line of a run still writing (or killed mid-line): the steps before it stand.
+    return records
 
 
 def describe_run(ddp_model, *, algorithm: str, concurrent_buckets: int, group=None) -> dict:

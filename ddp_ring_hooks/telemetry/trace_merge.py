@@ -40,6 +40,7 @@ def merge_trace_files(paths: list[str]) -> dict:
     merged: list[dict] = []
     ranks: dict[int, str] = {}
     errors: list[float] = []
+    known: list[bool] = []
     for path in paths:
         with open(path) as file:
             trace = json.load(file)
@@ -55,11 +56,13 @@ def merge_trace_files(paths: list[str]) -> dict:
         ranks[rank] = path
         merged += shift_events(trace["traceEvents"], -float(metadata["clock_offset_ms"]))
         errors.append(float(metadata["clock_error_ms"]))
+        known.append(bool(metadata.get("clock_known", True)))
     return {
         "traceEvents": merged,
         "displayTimeUnit": "ms",
         "ddp_ring_hooks": {
-            "rank": 0, "clock_offset_ms": 0.0, "clock_error_ms": max(errors, default=0.0), "clock_known": True,
+            "rank": 0, "clock_offset_ms": 0.0, "clock_error_ms": max(errors, default=0.0),
+            "clock_known": all(known),
             "merged_ranks": sorted(ranks),
         },
     }

@@ -370,3 +370,28 @@ def test_advise_cli_reads_a_network_profile_and_rejects_bad_input(tmp_path, caps
     assert "is not `ddp-ring-hooks bench --json` output" in capsys.readouterr().err
     assert main(["advise", str(tmp_path), "--latency", "5us"]) == 2
     assert "--latency and --bandwidth go together" in capsys.readouterr().err
+
+
+def test_a_torn_last_timeline_line_is_skipped_and_an_auto_run_gets_advice(tmp_path):
+    """A run still writing (or killed mid-line) leaves a partial last line: the steps before it
+    stand. A run with algorithm="auto" is priced as the ring, and gets its tables."""
+    from ddp_ring_hooks.telemetry.timeline import read_timeline
+
+    records = timeline(ready=[2.0, 20.0])
+    records[0]["algorithm"] = "auto"
+    path = tmp_path / "timeline.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"type": "step", "step_ms": 1')
+    assert read_timeline(path) == records
+    advice = advise(read_timeline(path))
+    assert {row["knob"] for row in advice["what_if"]} >= {"accumulate", "bucket_cap_mb", "algorithm"}
+    path.write_text('{"type": "run"}\nnot json\n' + json.dumps(records[1]) + "\n")
+    with pytest.raises(ValueError, match="line 2: not a timeline record"):
+        read_timeline(path)
+
+
+def test_contention_counts_what_the_busiest_rank_sends_for_every_algorithm():
+    from ddp_ring_hooks.advisor.network import bytes_factor
+
+    assert bytes_factor("halving_doubling", 3) == 2.0  # the fold's sender sends once; the formula's beta says 3
+    assert bytes_factor("hierarchical", 8, local_size=4) == pytest.approx(1.75)
+

@@ -176,6 +176,9 @@ def test_model_cli_hierarchical_row_and_bad_units(capsys):
     assert "hierarchical (4/node)" in capsys.readouterr().out
     assert main(["model", "--bandwidth", "fast"]) == 2
     assert "cannot read bandwidth 'fast'" in capsys.readouterr().err
+    assert main(["model", "--bandwidth", "0GB/s"]) == 2  # was a ZeroDivisionError traceback
+    assert "bandwidth must be positive" in capsys.readouterr().err
+    assert main(["model", "--size", "0", "--latency", "0us"]) == 0  # nothing to send: no 0/0
 
 
 def test_model_cli_tree_crossover_follows_segments(capsys):

@@ -240,6 +240,11 @@ def test_trace_merge_shifts_each_rank_onto_rank0s_clock_and_refuses_strangers(tm
     slices = {e["pid"]: e["ts"] for e in merged["traceEvents"] if e["ph"] == "X"}
     assert slices == {0: 100.0, 1: pytest.approx(100.0)}
     assert merged["ddp_ring_hooks"]["merged_ranks"] == [0, 1] and merged["ddp_ring_hooks"]["clock_error_ms"] == 0.02
+    assert merged["ddp_ring_hooks"]["clock_known"]
+    unaligned = json.loads(open(write("d.json", 1, 0.0, 1.0)).read())
+    unaligned["ddp_ring_hooks"]["clock_known"] = False  # no arrivals were gathered: offset assumed 0
+    (tmp_path / "d.json").write_text(json.dumps(unaligned))
+    assert not merge_trace_files([write("a.json", 0, 0.0, 1.0), str(tmp_path / "d.json")])["ddp_ring_hooks"]["clock_known"]
     with pytest.raises(ValueError, match="both hold rank 0"):
         merge_trace_files([write("a.json", 0, 0.0, 1.0), write("c.json", 0, 0.0, 1.0)])
     stranger = tmp_path / "profiler.json"

@@ -106,6 +106,7 @@ def test_a_second_run_gets_a_fresh_version_directory(sweep):
     assert str(output / "version_1") in sweep["second"].stdout
     # One round has no spread: the run says so instead of presenting one sample as a result.
     assert "WARNING: one round only" in sweep["second"].stdout
+    assert "do not agree" not in sweep["second"].stdout  # one round cannot disagree with itself
 
 
 # -- the arithmetic, on the numbers of a run that misled a user ---------------------------------

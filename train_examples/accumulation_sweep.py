@@ -38,7 +38,9 @@ How it measures, so that the answer holds (or says that it does not):
 Columns: samples/s over all ranks; communication ms per optimizer step (the time at least one
 bucket's all-reduce was in flight, the hook's ``StepRecord.total_ms``; on CPU two buckets
 overlap) and the part backward could not hide (``exposed_ms``), both including waiting for the
-slower rank; communication share = comm ms / step ms; speedup vs the smallest k.
+slower rank; communication share = comm ms / step ms; speedup vs the smallest k;
+predicted: the speedup the advisor (``ddp_ring_hooks.advisor``) forecast from the smallest
+k's own timeline in each round (median over rounds), and its error against the measured one.
 
 Output: every run writes a fresh ``--output-dir/version_N/`` (N one more than the last, as
 Lightning's loggers number their runs), so TensorBoard and the files always describe the same

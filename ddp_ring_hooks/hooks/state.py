@@ -18,12 +18,12 @@ How a bucket is reduced is decided in one place, :meth:`HookState._launch`:
   every iteration goes to lane ``i % concurrent_buckets`` (a worker of its own, its messages
   tagged with the lane): each lane takes its buckets in DDP's order, the same on every rank,
   and two buckets can be on the wire at once, as gloo's own two worker threads do for DDP's
-  default hook. Measured on 2 cores (8x1024 MLP, 8 buckets, ``benchmarks/ddp_step.py``): with
-  one lane the ring hook's step took 1.06x (2 ranks) and 1.14x (4 ranks) the default's; with
-  two, see docs/benchmarks.md.
+  default hook (what that gained: ``docs/design-history.md``).
 
-Either way the buffer is first divided by the group size, as PyTorch's ``allreduce_hook``
-does (dividing first keeps fp16 sums from overflowing), so the result is the average.
+The result is the average. The schedules divide each piece by the group size at its first use
+(before it is sent, or fused into the first addition), as PyTorch's ``allreduce_hook`` divides
+before summing (no fp16 overflow); ``native`` multiplies by ``1 / world_size`` first, as DDP's
+reducer does, so it matches DDP without a hook bit for bit.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ and ``torch.futures`` semantics; none of this has run on a GPU yet, see ``docs/g
   ``Future(devices=[device]).set_result`` records its completion event on the side stream;
   DDP's end of backward calls ``wait()`` on it, which makes DDP's current stream wait for
   that event: stream-ordered, no host sync.
-- **A worker thread per device** (:func:`cuda_lane`). A ring at p=8 is 14
+- **A worker thread per hook group and device** (:func:`cuda_lane`). A ring at p=8 is 14
   ``batch_isend_irecv`` launches, ~15 elementwise kernels and ~28 stream waits per bucket, all
   issued from Python (~1 ms of host time per bucket); on the autograd thread that time is
   taken from launching backward's kernels. The worker takes buckets in DDP's order (FIFO, the

@@ -94,15 +94,15 @@ def test_everything_hidden_leaves_only_the_last_bucket():
 
 
 def test_accumulation_scales_compute_not_communication():
-    """k micro-batches cost k clean micro-batches plus one step's exposed communication and
-    optimizer: speedup(k) = k T / (k clean + exposed + optimizer)."""
+    """k micro-batches cost k clean micro-batches plus one step's rest, exposed communication
+    and optimizer: speedup(k) = k T / (k clean + rest + exposed + optimizer)."""
     records = timeline(ready=[20.0, 20.0])
     model = step_model(records)
     p = model.profile
-    clean = 10 + 20 + 2
-    assert p.clean_micro_ms == pytest.approx(clean)
+    clean = 10 + 20
+    assert p.clean_micro_ms == pytest.approx(clean) and p.step_rest_ms == pytest.approx(2.0)
     for k in (1, 2, 4, 8, 16):
-        step = k * clean + p.exposed_ms + 1.0
+        step = k * clean + 2.0 + p.exposed_ms + 1.0
         setting = Setting(bucket_cap_mb=None, accumulate=k, algorithm="ring", world_size=2, local_size=2)
         assert model.predict(setting).step_ms == pytest.approx(step)
         assert model.speedup(setting) == pytest.approx(k * p.step_ms / step)
@@ -117,6 +117,8 @@ def test_contention_is_measured_from_a_no_sync_micro_batch_and_priced_once_per_s
     assert p.contention_ms == pytest.approx(10 + 20 + 2 - 27.0)
     one = Setting(bucket_cap_mb=None, accumulate=1, algorithm="ring", world_size=2, local_size=2)
     assert model.predict(one).step_ms == pytest.approx(10 + 20 + 2 + p.exposed_ms + 1.0)
+    assert p.clean_micro_ms == 27.0  # the measured no_sync micro-batch
+    assert model.predict(run_setting(p)).step_ms == pytest.approx(p.step_ms)  # the run itself, exactly
 
 
 def test_contention_at_k1_is_the_other_threads_cpu_when_cores_are_short():

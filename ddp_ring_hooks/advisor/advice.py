@@ -134,8 +134,8 @@ def advise(records: Sequence[dict], *, network: Network | None = None) -> dict:
     p = model.profile
     rows = what_if(model)
     notes = [
-        f"step = k x clean micro-batch ({p.clean_micro_ms:.1f} ms) + contention + exposed + optimizer "
-        f"({p.optimizer_ms:.1f} ms), calibrated to reproduce this run's step",
+        f"step = k x clean micro-batch ({p.clean_micro_ms:.1f} ms) + rest of the step ({p.step_rest_ms:.1f} ms) "
+        f"+ contention + exposed + optimizer ({p.optimizer_ms:.1f} ms), calibrated to reproduce this run's step",
         f"contention of hidden communication: {p.contention_ms:.1f} ms per step, {p.contention_source}",
         "accumulate k: the effective batch grows k-fold (k x micro-batch x world size samples per step)",
         "world_size: the same micro-batch per rank on more ranks (weak scaling); speedup counts all ranks' samples",

@@ -71,11 +71,25 @@ class RunProfile:
     contention_ms: float
     contention_source: str
     buckets: tuple[BucketProfile, ...]
+    #: A ``no_sync`` micro-batch as measured (k > 1 runs); ``None`` at k = 1.
+    nosync_micro_ms: float | None = None
 
     @property
     def clean_micro_ms(self) -> float:
-        """One micro-batch without communication: forward, backward without contention, rest."""
-        return self.forward_ms + self.backward_ms - self.contention_ms + self.rest_ms
+        """One micro-batch without communication: a measured ``no_sync`` micro-batch, or at
+        k = 1 forward plus backward without its contention."""
+        if self.nosync_micro_ms is not None:
+            return self.nosync_micro_ms
+        return self.forward_ms + self.backward_ms - self.contention_ms
+
+    @property
+    def step_rest_ms(self) -> float:
+        """What an optimizer step costs once, beyond its micro-batches, communication and
+        optimizer: at k = 1 everything outside forward and backward (loss, data, zero_grad,
+        the loop). Counted once per step: charging it to every micro-batch over-predicted
+        accumulation by 12-38% on a small MLP (``benchmarks/advisor_accuracy.py``)."""
+        return (self.step_ms - self.accumulate * self.clean_micro_ms - self.contention_ms
+                - self.exposed_ms - self.optimizer_ms)
 
     @property
     def bucket_cap_mb(self) -> float:
@@ -146,6 +160,7 @@ def profile_run(records: Sequence[dict]) -> RunProfile:
         steps=len(steps), accumulate=k, step_ms=step_ms, forward_ms=forward, backward_ms=backward,
         exposed_ms=exposed, optimizer_ms=optimizer, rest_ms=rest, comm_ms=comm, hidden_ms=hidden,
         contention_ms=contention, contention_source=source, buckets=buckets,
+        nosync_micro_ms=micro if k > 1 else None,
     )
 
 

@@ -2,7 +2,7 @@
 
 ::
 
-    step = k · clean micro-batch  +  contention  +  exposed  +  optimizer
+    step = k · clean micro-batch  +  the step's rest  +  contention  +  exposed  +  optimizer
 
 1. **Buckets.** The run's own buckets when the setting keeps its bucket limits; otherwise
    DDP's rules (:mod:`.bucketing`) repack the parameters, and each new bucket is ready when
@@ -123,7 +123,8 @@ def _model(profile: RunProfile, network: Network, setting: Setting, contention_p
     backward = clean_backward + contention
     scale = backward / clean_backward if clean_backward > 0 else 1.0
     lanes = run_lanes([r * scale for r in ready], costs, lanes=profile.lanes, backward_ms=backward)
-    step = setting.accumulate * profile.clean_micro_ms + contention + lanes.exposed_ms + profile.optimizer_ms
+    step = (setting.accumulate * profile.clean_micro_ms + profile.step_rest_ms + contention + lanes.exposed_ms
+            + profile.optimizer_ms)
     return _Raw(step, lanes.comm_ms, lanes.exposed_ms, contention, len(sizes))
 
 

@@ -81,3 +81,31 @@ def imports_torch(module: str) -> bool:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     return out.stdout.strip() == "True"
+
+
+def native_and_ring_in_one_backward(rank: int, device: torch.device) -> dict:
+    """Train a DDP model whose buckets ``auto`` splits between ``native`` and the ring: the last
+    layer's 1 MiB closes DDP's 1 MiB first bucket and goes to ``native``, the other 8 MiB to the
+    ring (a calibration that makes native cheaper below ~2 MB at 2 ranks). Returns the algorithms
+    chosen and the parameters after 6 steps."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ddp_ring_hooks
+    from ddp_ring_hooks.cost_model import Calibration
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 256))
+    model = DDP(net.to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    # At p=2: native costs n * 1 ns/B, the ring 2 ms + n * 1 ps/B.
+    calibration = {"native": Calibration(alpha=0.0, beta=1e-9), "ring": Calibration(alpha=1e-3, beta=1e-12)}
+    state = ddp_ring_hooks.register(model, algorithm="auto", candidates=("ring", "native"), calibration=calibration)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    generator = torch.Generator().manual_seed(rank)
+    for _ in range(6):
+        optimizer.zero_grad()
+        model(torch.randn(16, 1024, generator=generator).to(device)).square().mean().backward()
+        optimizer.step()
+    chosen = sorted(set(state._auto._choices.values()))
+    state.close()
+    return {"chosen": chosen, "params": [p.detach().cpu() for p in model.parameters()]}
+

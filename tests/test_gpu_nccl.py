@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests._dist import run_ranks
+from tests.conftest import native_and_ring_in_one_backward
 
 pytestmark = [
     pytest.mark.gpu,
@@ -208,3 +209,16 @@ def test_backward_compute_overlaps_a_bucket_in_flight():
     reports = run_ranks(_overlap, 2, timeout=600, backend="nccl")
     for report in reports:
         assert report["compute_ahead_ms"] > 0, report
+
+
+def _native_and_ring_in_one_backward(rank: int, world_size: int) -> dict:
+    return native_and_ring_in_one_backward(rank, torch.device("cuda", rank))
+
+
+def test_native_and_schedule_buckets_in_one_backward_do_not_deadlock():
+    """``native`` issues on the hook thread on the model's communicator, the ring on the worker
+    on the dedicated one: with one shared side stream the two could wait on each other in an
+    order that differs between ranks (a deadlock); each communicator has its own stream now."""
+    reports = run_ranks(_native_and_ring_in_one_backward, 2, timeout=300, backend="nccl")  # a deadlock times out
+    assert reports[0]["chosen"] == ["native", "ring"]
+    assert all(torch.equal(a, b) for a, b in zip(reports[0]["params"], reports[1]["params"]))

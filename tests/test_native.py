@@ -18,7 +18,7 @@ import torch
 
 from ddp_ring_hooks.runtime.collectives import backend_for, check_device_backend
 from tests._dist import run_ranks
-from tests.test_ddp_hook import Net
+from tests.conftest import Net, native_and_ring_in_one_backward
 from tests.test_telemetry import _scalars
 
 STEPS = 4
@@ -188,3 +188,15 @@ def test_a_worker_runs_its_start_hook_on_its_thread_and_fails_jobs_if_it_raises(
     with pytest.raises(RuntimeError, match="could not start: no such device"):
         failing.submit(lambda: 1).wait()
     failing.close()
+
+
+def _native_and_ring_on_cpu(rank: int, world_size: int) -> dict:
+    return native_and_ring_in_one_backward(rank, torch.device("cpu"))
+
+
+def test_auto_runs_native_and_ring_buckets_of_one_backward_and_ranks_agree():
+    """native on the hook thread and the ring on the worker lanes, in the same backward."""
+    reports = run_ranks(_native_and_ring_on_cpu, 2, timeout=120)
+    assert reports[0]["chosen"] == ["native", "ring"]
+    assert all(torch.equal(a, b) for a, b in zip(reports[0]["params"], reports[1]["params"]))
+

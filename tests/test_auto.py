@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_ring_hooks
 from ddp_ring_hooks.cost_model import Calibration
-from ddp_ring_hooks.hooks.auto import AutoSelector, default_candidates
+from ddp_ring_hooks.runtime.selection import AutoSelector, default_candidates
 from tests._dist import run_ranks
 from tests.conftest import Net
 
@@ -143,7 +143,7 @@ def probe_with_nodes_of_different_sizes(rank: int, world_size: int) -> dict:
     ranks only, and a probe that runs different schedules on different ranks deadlocks."""
     import os
 
-    from ddp_ring_hooks.hooks.auto import agreed_local_size
+    from ddp_ring_hooks.runtime.selection import agreed_local_size
 
     report = {"agreed_when_equal": agreed_local_size(None, 2)}
     os.environ["LOCAL_WORLD_SIZE"] = "2" if rank < 2 else "4"

@@ -19,7 +19,7 @@ Two ways in:
 - :func:`fit_records` takes benchmark records of several algorithms and fits one shared set
   of parameters: one description of the machine for all of them.
 - :func:`fit_per_algorithm` fits each algorithm's records on their own (what ``auto`` does
-  with its probe, see :mod:`ddp_ring_hooks.hooks.auto`).
+  with its probe, see :mod:`ddp_ring_hooks.runtime.selection`).
 """
 
 from __future__ import annotations

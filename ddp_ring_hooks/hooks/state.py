@@ -39,7 +39,7 @@ from ..runtime import ExecutionObserver, combine_observers, run_schedule, worker
 from ..runtime import cuda_lane as cuda
 from ..runtime.collectives import check_device_backend
 from ..runtime.errors import CommunicationError
-from ..runtime.names import NATIVE, has_schedule
+from ..runtime.names import NATIVE, check_algorithm_name, has_schedule
 from ..runtime.native import run_native
 from ..runtime.selection import AUTO, AutoSelector
 from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options
@@ -50,7 +50,7 @@ from .arrivals import ArrivalGather
 from .errors import HookFailedError
 from .layout_check import BucketLayout, check_bucket_layout
 from .profiling import PhaseRanges, in_bucket_range, profiler_active
-from .validation import check_algorithm_name, validate_bucket, validate_group
+from .validation import validate_bucket, validate_group
 
 
 class HookState:

@@ -61,12 +61,6 @@ def validate_group(group: dist.ProcessGroup | None) -> None:
         )
 
 
-def check_algorithm_name(algorithm: str) -> None:
-    """Refuse a name the hook does not know: a schedule, ``"native"`` or ``"auto"`` (one list
-    for every entry point: :func:`ddp_ring_hooks.runtime.names.check_algorithm_name`)."""
-    names.check_algorithm_name(algorithm)
-
-
 def validate_algorithm(algorithm: str, world_size: int, options: dict) -> None:
     """Build and prove the schedule of a known algorithm for ``world_size`` ranks (its options
     were checked when the state was built), turning a builder's complaint about the group size

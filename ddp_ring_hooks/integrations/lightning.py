@@ -57,8 +57,7 @@ from ..advisor import format_advice
 from ..hooks import HookState, register, ring_hook
 from ..hooks.advice import ADVICE_TAG, advice_panel
 from ..hooks.register import reported_comm_hook
-from ..hooks.validation import check_algorithm_name
-from ..runtime.names import has_schedule
+from ..runtime.names import check_algorithm_name, has_schedule
 from ..schedules import resolve_options
 from ..telemetry import Sink, TelemetryOptions, TensorBoardSink
 

@@ -2,17 +2,31 @@
 
 From one run at accumulation k=1 with DDP's default bucket size (the ring hook, 2 gloo
 ranks), the advisor predicts the optimizer-step time of other settings; then each setting is
-trained and measured the same way (median wall-clock time between step starts, first step
-left out). Every round trains the base, the variants and the base again, in reverse order every
-other round; the base runs are merged into one timeline for the prediction, and how far they
-range is the machine's drift, a floor under any error on a shared machine::
+trained and measured::
 
     python benchmarks/advisor_accuracy.py                         # MLP and char-LM, 2 ranks
-    python benchmarks/advisor_accuracy.py --models mlp --rounds 1  # quicker
+    python benchmarks/advisor_accuracy.py --models mlp --pairs 3   # quicker
 
 Settings: k in {2, 4, 8}; bucket_cap_mb in {1, 4, 25}; algorithms halving_doubling and
-native (the group's own all_reduce; skipped when this tree's hook does not offer it).
-Targets (issue 13): median absolute error <= 10%, worst <= 25%.
+native (the group's own all_reduce). Targets (issue 13): median absolute error <= 10%,
+worst <= 25%, for each model.
+
+**How it measures.** Every round's processes first train the base setting for an untimed
+warm-up, then about ``--run-ms`` of contiguous steps whose timeline the advisor reads (the run it
+predicts from). Then, per setting, blocks of ``--block-steps`` optimizer steps alternate
+between the setting and the base (``--pairs`` pairs, in alternating order; a block's time is
+the slowest rank's, between barriers). On a shared machine the speed drifts by tens of
+percent within a minute, more than the errors being measured; a block pair shares the moment,
+so its ratio (setting / base) does not drift. The advisor's prediction for a setting is a
+step time; the script compares its ratio to the base's predicted step with the measured
+ratio, and prints the prediction as milliseconds at the base's measured speed in those same
+pairs::
+
+    predicted ms = predicted(setting) / predicted(base) x measured base block, per step
+    error        = predicted ratio / measured ratio - 1
+
+The plain error (the predicted step against the setting's measured step, with the base run
+minutes apart) is printed next to it: on a quiet machine the two agree.
 
 World sizes cannot be checked here (more ranks would share the same 2 cores); the advisor's
 world-size rows price each bucket with ``cost_model`` through the run's α, β, which this
@@ -22,6 +36,7 @@ script checks against ``cost_model.predict`` directly.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -37,7 +52,6 @@ sys.path.insert(0, str(ROOT / "train_examples"))
 
 import ddp_ring_hooks  # noqa: E402
 from ddp_ring_hooks.advisor import Setting, step_model  # noqa: E402
-from ddp_ring_hooks.hooks.validation import check_algorithm_name  # noqa: E402
 from ddp_ring_hooks.launch import run_on_ranks  # noqa: E402
 
 MEDIAN_TARGET, WORST_TARGET = 0.10, 0.25
@@ -47,22 +61,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="mlp,char_lm", help="comma list of mlp, char_lm (default: %(default)s)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks to spawn (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per setting and round (default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="rounds, every other one in reverse order; medians over all (default: %(default)s)")
+    parser.add_argument("--warmup-steps", type=int, default=6,
+                        help="steps of the untimed fit at the start of every round's processes (at least 6: "
+                             "its median step sets how many steps the run and the blocks take) (default: %(default)s)")
+    parser.add_argument("--run-ms", type=float, default=4000.0,
+                        help="about how long the base run the advisor predicts from lasts, per round: its "
+                             "steps are this over the warm-up's step, at least 12 (default: %(default)s)")
+    parser.add_argument("--pairs", type=int, default=5,
+                        help="block pairs (setting, base) per setting and round (default: %(default)s)")
+    parser.add_argument("--block-ms", type=float, default=500.0,
+                        help="about how long a block runs: its optimizer steps are this over the base "
+                             "run's step (times k), at least 2 (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds (fresh processes); medians over all (default: %(default)s)")
     parser.add_argument("--accumulate", default="2,4,8", help="k values to predict (default: %(default)s)")
     parser.add_argument("--bucket-caps", default="1,4,25", help="bucket_cap_mb values to predict (default: %(default)s)")
     parser.add_argument("--algorithms", default="halving_doubling,native", help="algorithms to predict (default: %(default)s)")
-    return parser.parse_args(argv)
-
-
-def available(algorithm: str) -> bool:
-    """Whether this tree's hook runs ``algorithm`` (``native`` arrives with another issue)."""
-    try:
-        check_algorithm_name(algorithm)
-    except ValueError:
-        return False
-    return True
+    args = parser.parse_args(argv)
+    for name in ("run_ms", "pairs", "rounds", "block_ms"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    return args
 
 
 # -- the two workloads ---------------------------------------------------------------------------
@@ -92,31 +111,85 @@ def build(model_name: str):
     raise ValueError(f"unknown model {model_name!r}; choose mlp or char_lm")
 
 
-def train_setting(model_name: str, *, accumulate: int, bucket_cap_mb, algorithm: str, steps: int):
-    """Train one setting; return its timeline records (this rank)."""
-    module, make_batch, loss_of = build(model_name)
-    model = DistributedDataParallel(module, **({} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}))
-    state = ddp_ring_hooks.register(model, algorithm=algorithm)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    generator = torch.Generator().manual_seed(1)
-    for _ in range(steps + 1):  # the last step only ends the one before it
-        for micro in range(accumulate):
-            batch = make_batch(generator)
-            inputs = batch[:, :-1] if model_name == "char_lm" else batch
-            if micro < accumulate - 1:
-                with model.no_sync():
-                    loss_of(model(inputs), batch).backward()
+class Trainer:
+    """One setting's DDP model, hook and optimizer, trained a block of steps at a time."""
+
+    def __init__(self, model_name: str, *, accumulate: int, bucket_cap_mb, algorithm: str) -> None:
+        module, self.make_batch, self.loss_of = build(model_name)
+        self.model_name, self.accumulate = model_name, accumulate
+        self.model = DistributedDataParallel(module, **({} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}))
+        self.state = ddp_ring_hooks.register(self.model, algorithm=algorithm)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3)
+        self.generator = torch.Generator().manual_seed(1)
+
+    def steps(self, count: int) -> None:
+        for _ in range(count):
+            for micro in range(self.accumulate):
+                batch = self.make_batch(self.generator)
+                inputs = batch[:, :-1] if self.model_name == "char_lm" else batch
+                if micro < self.accumulate - 1:
+                    with self.model.no_sync():
+                        self.loss_of(self.model(inputs), batch).backward()
+                else:
+                    self.loss_of(self.model(inputs), batch).backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+
+    def timed_block(self, count: int) -> float:
+        """ms per optimizer step of ``count`` steps, the slowest rank's (barriers around)."""
+        torch.distributed.barrier()
+        started = time.perf_counter()
+        self.steps(count)
+        torch.distributed.barrier()
+        return (time.perf_counter() - started) / count * 1e3
+
+    def close(self) -> list[dict]:
+        self.state.close()
+        return self.state.timeline.records()
+
+
+def measure_round(model_name: str, base: dict, variants: list[tuple[str, object, dict]], args) -> tuple[list, dict]:
+    """On every rank: the warm-up, the base run the advisor reads, then alternating blocks.
+    Returns the base run's timeline and ``{(knob, value): [(setting_ms, base_ms), ...]}``.
+
+    A fresh process runs its first fit slower (allocator, thread pools, gloo's first
+    connections); without the warm-up the base, always first, read up to 15% slow."""
+    warmup = Trainer(model_name, **base)
+    warmup.steps(max(args.warmup_steps, 6))
+    # Step counts come from the slowest rank's warm-up step, so every rank runs the same number.
+    slowest = torch.tensor([median_step_ms(warmup.close())])
+    torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
+
+    def steps_lasting(ms: float, accumulate: int, least: int) -> int:
+        return max(least, math.ceil(ms / (slowest.item() * accumulate)))
+
+    run = Trainer(model_name, **base)
+    run.steps(steps_lasting(args.run_ms, 1, 12) + 1)  # the last step only ends the one before it
+    records = run.close()
+
+    def block_steps(accumulate: int) -> int:
+        return steps_lasting(args.block_ms, accumulate, 2)
+
+    reference = Trainer(model_name, **base)
+    reference.steps(2)  # untimed: DDP's first iteration (bucket rebuild), cold caches
+    pairs: dict[tuple[str, object], list[tuple[float, float]]] = {}
+    for knob, value, kwargs in variants:
+        setting = Trainer(model_name, **kwargs)
+        setting.steps(2)
+        measured = []
+        setting_steps, base_steps = block_steps(kwargs["accumulate"]), block_steps(1)
+        for pair in range(args.pairs):
+            if pair % 2 == 0:
+                setting_ms = setting.timed_block(setting_steps)
+                base_ms = reference.timed_block(base_steps)
             else:
-                loss_of(model(inputs), batch).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    state.close()
-    return state.timeline.records()
-
-
-def measure_all(model_name: str, settings: list[tuple[str, object, dict]], steps: int):
-    """On every rank: train each setting in turn; rank 0's records."""
-    return [(knob, value, train_setting(model_name, steps=steps, **kwargs)) for knob, value, kwargs in settings]
+                base_ms = reference.timed_block(base_steps)
+                setting_ms = setting.timed_block(setting_steps)
+            measured.append((setting_ms, base_ms))
+        setting.close()
+        pairs[(knob, value)] = measured
+    reference.close()
+    return records, pairs
 
 
 # -- predicted vs measured -----------------------------------------------------------------------
@@ -131,21 +204,9 @@ def merge_runs(runs: list[list[dict]]) -> list[dict]:
     return merged
 
 
-def measured_step_ms(records: list[dict]) -> float:
+def median_step_ms(records: list[dict]) -> float:
     """Median optimizer step (wall clock between step starts), leaving out step 1."""
     return statistics.median(r["step_ms"] for r in records[2:] if r.get("type") == "step")
-
-
-def run_rounds(model_name: str, base: dict, variants: list[tuple[str, object, dict]], args) -> tuple[list, list]:
-    """Every round: the base, the variants (reversed every other round: the machine's load
-    drifts), the base again. Returns the base runs and ``(knob, value, runs)`` per variant."""
-    bases, by_variant = [], {(knob, value): [] for knob, value, _ in variants}
-    for round_index in range(args.rounds):
-        order = variants if round_index % 2 == 0 else variants[::-1]
-        settings = [("base", None, base), *order, ("base", None, base)]
-        for knob, value, records in run_on_ranks(measure_all, model_name, settings, args.steps, nproc=args.nproc):
-            (bases if knob == "base" else by_variant[(knob, value)]).append(records)
-    return bases, [(knob, value, by_variant[(knob, value)]) for knob, value, _ in variants]
 
 
 def main(argv=None) -> int:
@@ -153,47 +214,62 @@ def main(argv=None) -> int:
     ks = [int(k) for k in args.accumulate.split(",")]
     caps = [float(c) for c in args.bucket_caps.split(",")]
     algorithms = [a for a in args.algorithms.split(",") if a]
-    skipped = [a for a in algorithms if not available(a)]
-    algorithms = [a for a in algorithms if a not in skipped]
     base = {"accumulate": 1, "bucket_cap_mb": None, "algorithm": "ring"}
     variants = [("accumulate", k, {**base, "accumulate": k}) for k in ks]
     variants += [("bucket_cap_mb", c, {**base, "bucket_cap_mb": c}) for c in caps]
     variants += [("algorithm", a, {**base, "algorithm": a}) for a in algorithms]
 
-    print(f"# {args.nproc} gloo ranks, {args.rounds} round(s) of {args.steps} steps per setting; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start (1-minute average: it lags)")
-    if skipped:
-        print(f"# skipped (not in this tree's hook): {', '.join(skipped)}")
+    print(f"# {args.nproc} gloo ranks; per round: a ~{args.run_ms / 1e3:.0f} s base run to predict from, then "
+          f"{args.pairs} block pairs of ~{args.block_ms:.0f} ms per setting; {args.rounds} round(s); "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start")
     errors_all = []
     for model_name in args.models.split(","):
         started = time.perf_counter()
-        bases, measured = run_rounds(model_name, base, variants, args)
-        model = step_model(merge_runs(bases))
+        runs, pairs = [], {}
+        for _ in range(args.rounds):
+            records, measured = run_on_ranks(measure_round, model_name, base, variants, args, nproc=args.nproc)
+            runs.append(records)
+            for key, values in measured.items():
+                pairs.setdefault(key, []).extend(values)
+        model = step_model(merge_runs(runs))
         p = model.profile
-        base_runs = [measured_step_ms(records) for records in bases]
-        print(f"\n## {model_name}: base step {p.step_ms:.1f} ms (median of {len(bases)} base runs, which ranged "
-              f"{min(base_runs):.1f}-{max(base_runs):.1f} ms: the machine's drift); {len(p.buckets)} buckets, "
-              f"exposed {p.exposed_ms:.1f} ms, contention ~{p.contention_ms:.1f} ms; {time.perf_counter() - started:.0f} s")
-        print(f"{'knob':<14} {'value':<18} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")
+        base_blocks = [b for values in pairs.values() for _, b in values]
+        print(f"\n## {model_name}: base step {p.step_ms:.1f} ms in the run predicted from; in the blocks "
+              f"{statistics.median(base_blocks):.1f} ms (ranged {min(base_blocks):.1f}-{max(base_blocks):.1f}: "
+              f"the machine's drift); {len(p.buckets)} buckets, exposed {p.exposed_ms:.1f} ms, "
+              f"contention ~{p.contention_ms:.1f} ms; {time.perf_counter() - started:.0f} s")
+        print(f"{'knob':<14} {'value':<18} {'predicted ms':>13} {'measured ms':>12} {'error':>8}   "
+              f"{'pair ratios':<17} {'plain error':>11}")
+        base_predicted = model.predict(setting_of("base", None, p)).step_ms
         errors = []
-        for knob, value, runs in measured:
-            setting = Setting(
-                bucket_cap_mb=value if knob == "bucket_cap_mb" else None,
-                accumulate=value if knob == "accumulate" else 1,
-                algorithm=value if knob == "algorithm" else "ring",
-                world_size=p.world_size, local_size=p.local_world_size,
-            )
-            predicted = model.predict(setting).step_ms
-            observed = measured_step_ms(merge_runs(runs))
-            error = predicted / observed - 1
+        for knob, value, _ in variants:
+            measured = pairs[(knob, value)]
+            predicted = model.predict(setting_of(knob, value, p)).step_ms
+            ratios = [setting_ms / base_ms for setting_ms, base_ms in measured]
+            measured_ratio = statistics.median(ratios)
+            error = (predicted / base_predicted) / measured_ratio - 1
+            base_ms = statistics.median(b for _, b in measured)
+            setting_ms = statistics.median(s for s, _ in measured)
+            plain = predicted / setting_ms - 1
             errors.append(abs(error))
-            print(f"{knob:<14} {str(value):<18} {predicted:>13.1f} {observed:>12.1f} {error:>+8.1%}")
+            print(f"{knob:<14} {str(value):<18} {predicted / base_predicted * base_ms:>13.1f} {setting_ms:>12.1f} "
+                  f"{error:>+8.1%}   {min(ratios):.2f}-{max(ratios):.2f}{'':<8} {plain:>+11.1%}")
         errors_all += errors
         print(f"{model_name}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
               f"(targets {MEDIAN_TARGET:.0%}, {WORST_TARGET:.0%})")
         check_world_sizes(model)
     print(f"\nall: median |error| {statistics.median(errors_all):.1%}, worst {max(errors_all):.1%}")
     return 0
+
+
+def setting_of(knob: str, value, profile) -> Setting:
+    """The advisor's Setting for one knob changed from the base (k=1, DDP's bucket cap, ring)."""
+    return Setting(
+        bucket_cap_mb=value if knob == "bucket_cap_mb" else None,
+        accumulate=value if knob == "accumulate" else 1,
+        algorithm=value if knob == "algorithm" else "ring",
+        world_size=profile.world_size, local_size=profile.local_world_size,
+    )
 
 
 def check_world_sizes(model) -> None:

@@ -11,7 +11,13 @@ small MLP through DDP with the hook, checking:
 3. CUDA-event telemetry reaches TensorBoard: per-bucket ``time_ms``, ``queue_ms``, ``bytes``,
    ``busbw_GBps`` read back from the event files;
 4. ``native`` timing: NCCL's own all-reduce per bucket, from those events;
-5. ``all_reduce(t, algorithm="auto")`` and ``"native"`` on NCCL.
+5. ``all_reduce(t, algorithm="auto")`` and ``"native"`` on NCCL;
+6. the hook's own cost on the GPU (``--overhead-rounds``, INFO lines, no pass/fail): ms per
+   step of one DDP model (6 x 4096², DDP's 25 MiB buckets: 16 of them) with no hook,
+   ``native``, ``native`` with TensorBoard telemetry every step and every 10th step, and
+   ``ring``, timed in alternating blocks. At world size 1 no bytes move, so what differs is
+   the hook itself: Python per bucket, events, the hand-over to the communication stream, and
+   the telemetry's writing (TensorBoard's event writer checksums every record in pure Python).
 
 At world size 1 the schedules move no bytes (the executor only scales), so this checks the
 plumbing (streams, events, futures, devices, no sync), not the point-to-point transfers: those
@@ -25,6 +31,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -68,6 +75,56 @@ def train(algorithm: str | None, steps: int, log_dir: str | None, strict_after: 
     return [p.detach().cpu() for p in model.parameters()], synced_error
 
 
+# arm -> (algorithm, log_every); no algorithm: DDP without a hook; no log_every: no telemetry
+OVERHEAD_ARMS = {
+    "no-hook": (None, None),
+    "native": ("native", None),
+    "native+telemetry": ("native", 1),
+    "native+telemetry/10": ("native", 10),
+    "ring": ("ring", None),
+}
+
+
+def overhead(rounds: int, steps: int, log_dir: str) -> dict[str, list[float]]:
+    """Milliseconds per step of each arm, one block of ``steps`` per arm per round, in an order
+    rotated every round (drift hits every arm alike)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ddp_ring_hooks
+
+    device = torch.device("cuda", 0)
+    batch = torch.randn(256, 4096, device=device)
+    arms = {}
+    for arm, (algorithm, log_every) in OVERHEAD_ARMS.items():
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Sequential(*(torch.nn.Linear(4096, 4096) for _ in range(6))).to(device), device_ids=[0])
+        if algorithm is not None:
+            telemetry = {"log_dir": os.path.join(log_dir, "overhead", str(log_every)), "log_every": log_every}
+            ddp_ring_hooks.register(model, algorithm=algorithm, **(telemetry if log_every else {}))
+        arms[arm] = (model, torch.optim.SGD(model.parameters(), lr=1e-4))
+
+    def block(arm: str, count: int) -> None:
+        model, optimizer = arms[arm]
+        for _ in range(count):
+            optimizer.zero_grad()
+            model(batch).square().mean().backward()
+            optimizer.step()
+
+    for arm in OVERHEAD_ARMS:
+        block(arm, 3)  # DDP's bucket rebuild, cuBLAS warm-up
+    times: dict[str, list[float]] = {arm: [] for arm in OVERHEAD_ARMS}
+    names = list(OVERHEAD_ARMS)
+    for round_index in range(rounds):
+        order = names[round_index % len(names):] + names[:round_index % len(names)]
+        for arm in order:
+            torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            block(arm, steps)
+            torch.cuda.synchronize(device)
+            times[arm].append((time.perf_counter() - start) / steps * 1e3)
+    return times
+
+
 def scalars(log_dir: str) -> dict[str, dict[int, float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -80,6 +137,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--log-dir", default=None, help="TensorBoard runs (default: a temporary directory)")
     parser.add_argument("--steps", type=int, default=8, help="training steps per arm (default: 8)")
+    parser.add_argument("--overhead-rounds", type=int, default=7,
+                        help="rounds of the hook-cost timing, 20 steps per arm each; 0 skips it (default: 7)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("SKIP  no CUDA device here: run this on a machine with a GPU", flush=True)
@@ -101,7 +160,10 @@ def main(argv=None) -> int:
         logged = scalars(log_dir)
         times = sorted(tag for tag in logged if tag.startswith("comm/bucket_") and tag.endswith("/time_ms"))
         last = max(logged[times[0]]) if times else None
-        ok = bool(times) and all(logged[t][last] > 0 for t in times) and all(
+        # At world size 1 a schedule moves nothing, so its communication takes 0 ms; NCCL's own
+        # all-reduce still runs a kernel, which the events time.
+        moves = algorithm == "native"
+        ok = bool(times) and all(logged[t][last] > 0 if moves else logged[t][last] == 0 for t in times) and all(
             logged[t.replace("time_ms", "queue_ms")][last] >= 0 for t in times)
         detail = (f"{len(times)} buckets at step {last}: time_ms "
                   + ", ".join(f"{logged[t][last]:.3f}" for t in times)
@@ -118,6 +180,14 @@ def main(argv=None) -> int:
         ddp_ring_hooks.all_reduce(tensor, algorithm=algorithm)
         same = torch.equal(tensor, expected)  # world size 1: the sum is the tensor itself
         results.append(line(same, f"all_reduce(algorithm={algorithm!r})", "on NCCL, 4 MB" if same else "wrong result"))
+    if args.overhead_rounds:
+        times = overhead(args.overhead_rounds, 20, log_root)
+        base = statistics.median(times["no-hook"])
+        for arm in OVERHEAD_ARMS:
+            ratios = [t / b for t, b in zip(times[arm], times["no-hook"])]
+            print(f"INFO  hook cost {arm:>19}: {statistics.median(times[arm]):7.3f} ms/step, "
+                  f"x{statistics.median(ratios):.3f} of no-hook (rounds {min(ratios):.3f}-{max(ratios):.3f}; "
+                  f"no-hook median {base:.3f} ms)", flush=True)
     dist.destroy_process_group()
     print(f"{sum(results)}/{len(results)} checks passed", flush=True)
     return 0 if all(results) else 1

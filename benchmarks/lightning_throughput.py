@@ -77,7 +77,7 @@ def run_once(strategy_name: str, args: argparse.Namespace) -> float:
         strategy = pl.strategies.DDPStrategy(bucket_cap_mb=args.bucket_cap_mb)
     throughput = ThroughputLogger()
     trainer = pl.Trainer(
-        **torchrun_placement(), strategy=strategy, max_steps=args.steps, logger=False, callbacks=[throughput],
+        **torchrun_placement(args.accelerator), strategy=strategy, max_steps=args.steps, logger=False, callbacks=[throughput],
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )
     trainer.fit(model, make_dataloader(seq_len=args.seq_len, micro_batch=args.micro_batch))

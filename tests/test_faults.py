@@ -37,14 +37,14 @@ VICTIM = 2
 KILL_STEP = 2
 
 
-def _train_until_a_peer_dies(rank: int, world_size: int, victim: int, directory: str) -> dict:
+def _train_until_a_peer_dies(rank: int, world_size: int, victim: int, directory: str, algorithm: str = "ring") -> dict:
     import ddp_ring_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64))
     model = DistributedDataParallel(net, bucket_cap_mb=0.01)  # several buckets
-    ddp_ring_hooks.register(model)
+    ddp_ring_hooks.register(model, algorithm=algorithm)
     for step in range(KILL_STEP + 3):
         loss = model(torch.randn(4, 64)).square().mean()
         if step == KILL_STEP and rank == victim:
@@ -82,7 +82,7 @@ def _bucket_after_the_peer_died(rank: int, world_size: int, victim: int, directo
 
 
 def _run_with_a_victim(
-    world_size: int, victim: int, timeout: float, target=_train_until_a_peer_dies
+    world_size: int, victim: int, timeout: float, target=_train_until_a_peer_dies, extra: tuple = ()
 ) -> tuple[dict[int, dict], int]:
     """Like ``run_ranks``, but one rank is expected to die: collect the others' results."""
     context = mp.get_context("spawn")
@@ -92,7 +92,7 @@ def _run_with_a_victim(
             context.Process(
                 target=_rank_main,
                 args=(target, rank, world_size, os.path.join(directory, "store"),
-                      PG_TIMEOUT, results, (victim, directory)),
+                      PG_TIMEOUT, results, (victim, directory, *extra)),
                 daemon=True,
             )
             for rank in range(world_size)
@@ -135,6 +135,19 @@ def test_survivors_of_a_killed_rank_fail_fast_naming_hook_bucket_and_peer():
     assert f"waiting to receive from rank {VICTIM}" in survivors[0]["message"] or \
         f"waiting to send to rank {VICTIM}" in survivors[0]["message"]
     assert f"rank {VICTIM}" in survivors[VICTIM - 1]["message"]
+
+
+@pytest.mark.timeout(120)
+def test_native_fails_fast_too_naming_hook_algorithm_and_bucket():
+    """gloo's own all-reduce under the hook: its error comes back through its Future and is
+    named like a schedule's (hook, algorithm, bucket, iteration, what to do)."""
+    survivors, _ = _run_with_a_victim(WORLD_SIZE, VICTIM, timeout=90, extra=("native",))
+    for rank, outcome in survivors.items():
+        message = outcome["message"]
+        assert outcome["step"] == KILL_STEP, f"rank {rank}: {message}"
+        assert "ring_hook (native): bucket " in message and "of iteration 2" in message, message
+        assert "restart the job from its last checkpoint" in message, message
+        assert outcome["seconds"] < PG_TIMEOUT + 3, (rank, outcome["seconds"])
 
 
 @pytest.mark.timeout(90)

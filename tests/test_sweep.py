@@ -32,7 +32,7 @@ def _run_sweep(output: Path, *extra: str) -> subprocess.CompletedProcess:
         "--accumulate", ",".join(map(str, ACCUMULATE)), "--steps", str(STEPS), "--warmup-steps", str(WARMUP_STEPS),
         "--min-micro-batches", str(MIN_MICRO_BATCHES),
         "--warmup-fit-steps", "1", "--micro-batch", "2", "--seq-len", "16", "--width", "32", "--layers", "2",
-        "--heads", "2", "--bucket-cap-mb", "0.02", "--output-dir", str(output), *extra,
+        "--heads", "2", "--bucket-cap-mb", "0.02", "--accelerator", "cpu", "--output-dir", str(output), *extra,
     ]
     # The checkout need not be installed: the package is found from the repository root.
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}

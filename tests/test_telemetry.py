@@ -233,3 +233,32 @@ def test_state_pickles_with_telemetry_options_and_no_threads(tmp_path):
 def test_bad_options_name_the_problem(options, message):
     with pytest.raises((ValueError, TypeError), match=message):
         Telemetry(**options)
+
+
+def test_tensorboard_records_are_checksummed_in_c_with_the_same_bytes(tmp_path):
+    """``use_fast_checksum`` swaps tensorboard's pure-Python CRC-32C for the ``crc32c`` C
+    extension: the same masked checksum on any bytes, and files that tensorboard's reader
+    (which verifies every record's checksum) reads back."""
+    import random
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as python_checksum
+    from tensorboard.summary.writer import record_writer
+
+    from ddp_ring_hooks.telemetry.fast_checksum import use_fast_checksum
+    from ddp_ring_hooks.telemetry.sinks import TensorBoardSink
+
+    pytest.importorskip("crc32c")
+    sink = TensorBoardSink(tmp_path)  # a sink switches the checksum on
+    assert getattr(record_writer.masked_crc32c, "is_c_extension", False)
+    assert use_fast_checksum()  # idempotent
+    generator = random.Random(0)
+    for size in (0, 1, 7, 8, 9, 1000, 3500):
+        data = bytes(generator.randrange(256) for _ in range(size))
+        assert record_writer.masked_crc32c(data) == python_checksum(data), size
+    for step in range(3):
+        sink.writer.add_scalar("check/value", step * 1.5, step)
+    sink.close()
+    accumulator = EventAccumulator(str(tmp_path))
+    accumulator.Reload()
+    assert [event.value for event in accumulator.Scalars("check/value")] == [0.0, 1.5, 3.0]

@@ -89,3 +89,46 @@ def test_the_first_iterations_extra_bucket_row_explains_itself():
     rows = {tuple(line.split()[:2]): line for line in summary.splitlines()[2:-1]}
     assert rows[("0", "4,096")].endswith(FIRST_STEP_NOTE)
     assert FIRST_STEP_NOTE not in rows[("0", "2,048")] and FIRST_STEP_NOTE not in rows[("1", "2,048")]
+
+
+def _two_data_parallel_groups(rank: int, world_size: int, log_dir: str) -> None:
+    """Ranks 0-1 and 2-3 each train their own DDP model on their own group; every rank passes
+    the same log_dir, as an SPMD script does."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group = groups[rank // 2]
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 4)),
+                                    process_group=group, bucket_cap_mb=0.001)
+    state = ddp_ring_hooks.register(model, log_dir=log_dir, trace_steps=(2, 4), spread_every=1)
+    for step in range(5):
+        model(torch.randn(8, 32, generator=torch.Generator().manual_seed(step))).square().mean().backward()
+    state.close()
+
+
+def test_each_data_parallel_group_writes_its_own_run_from_its_own_rank0(tmp_path):
+    """The group's rank 0 writes (global rank 2 for the second group, which has no global
+    rank 0), into log_dir/group_{first member}: TensorBoard events, the merged trace of the
+    group's two ranks, and the timeline the advisor reads."""
+    import json
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_ranks(_two_data_parallel_groups, 4, str(tmp_path), timeout=180)
+    assert sorted(path.name for path in tmp_path.iterdir() if path.is_dir()) == ["group_0", "group_2"]
+    for name in ("group_0", "group_2"):
+        directory = tmp_path / name
+        accumulator = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        tags = accumulator.Tags()["scalars"]
+        assert "comm/step/total_ms" in tags and "comm/ranks/straggler_rank" in tags, (name, tags)
+        assert {e.value for e in accumulator.Scalars("comm/ranks/straggler_rank")} <= {0.0, 1.0}  # group ranks
+        trace = json.loads((directory / "comm_trace.json").read_text())
+        events = trace["traceEvents"] if isinstance(trace, dict) else trace
+        assert {event.get("pid") for event in events if event.get("ph") == "X"} == {0, 1}, name
+        run = json.loads((directory / "timeline.jsonl").read_text().splitlines()[0])
+        assert run["world_size"] == 2 and run["rank"] == 0, (name, run)

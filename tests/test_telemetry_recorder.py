@@ -160,3 +160,29 @@ def test_cuda_timing_uses_events_and_never_syncs_the_host():
     (records,) = run_ranks(_reduce_on_cuda_without_sync, 1, timeout=120, backend="nccl")
     assert [step for step, _, _ in records] == [1, 2, 3]
     assert all(nbytes == 4 << 20 and exposed >= 0 for _, nbytes, exposed in records)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_clock_keeps_its_precision_by_moving_its_anchor():
+    """``elapsed_time`` is a 32-bit float: the timer reads marks from an anchor at most
+    ~``REANCHOR_MS`` back, so durations late in a run are as exact as early ones."""
+    import time
+
+    from ddp_ring_hooks.telemetry.timer import REANCHOR_MS, CudaTimer
+
+    timer = CudaTimer(torch.device("cuda", 0))
+    marks, host = [], []
+    for _ in range(3):
+        time.sleep(REANCHOR_MS / 1e3 * 1.2)
+        torch.cuda.synchronize()
+        host.append(time.perf_counter() * 1e3)
+        marks.append(timer.mark())
+    torch.cuda.synchronize()
+    clocks = [timer.clock_ms(mark) for mark in marks]
+    assert timer._anchor is marks[-1]  # moved up past the first marks
+    gaps = [b - a for a, b in zip(clocks, clocks[1:])]
+    host_gaps = [b - a for a, b in zip(host, host[1:])]
+    assert all(abs(gap - host_gap) < 5.0 for gap, host_gap in zip(gaps, host_gaps)), (gaps, host_gaps)
+    # Read again (anchor now at the last mark): the same clock, to float32 precision at 2.4 s.
+    assert abs(timer.clock_ms(marks[0]) - clocks[0]) < 1e-3

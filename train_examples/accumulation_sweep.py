@@ -141,7 +141,7 @@ def parse_accumulate(parser: argparse.ArgumentParser, text: str) -> list[int]:
 def make_trainer(args: argparse.Namespace, k: int, steps: int, *, logger, callbacks, strategy) -> pl.Trainer:
     """A Trainer for ``steps`` optimizer steps of ``k`` micro-batches each."""
     return pl.Trainer(
-        **torchrun_placement(),
+        **torchrun_placement(args.accelerator),
         strategy=strategy,
         max_steps=steps,
         limit_train_batches=steps * k,

@@ -165,6 +165,9 @@ def add_model_arguments(parser, *, seq_len: int = 64) -> None:
     parser.add_argument("--heads", type=int, default=4, help="attention heads (default: %(default)s)")
     parser.add_argument("--bucket-cap-mb", type=float, default=2.0,
                         help="DDP bucket size in MiB; small enough for several buckets (default: %(default)s)")
+    parser.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto",
+                        help="auto: one GPU per process (NCCL) when the node has enough, else CPU (gloo) "
+                             "(default: %(default)s)")
 
 
 def model_from_args(args, **overrides) -> CharLanguageModel:
@@ -186,18 +189,30 @@ def make_dataloader(*, seq_len: int, micro_batch: int, seed: int = 0) -> DataLoa
     )
 
 
-def torchrun_placement() -> dict[str, object]:
-    """``Trainer`` arguments for the processes torchrun started: GPUs (NCCL) when present, else CPU (gloo).
+def torchrun_placement(accelerator: str = "auto") -> dict[str, object]:
+    """``Trainer`` arguments for the processes torchrun started: one GPU per process (NCCL) when
+    this node has enough of them, else CPU (gloo).
 
     torchrun sets ``LOCAL_WORLD_SIZE`` (processes on this node) and ``WORLD_SIZE`` (all of
     them); Lightning wants the same numbers as ``devices`` and ``num_nodes``. Without
-    torchrun this is one process on one device.
+    torchrun this is one process on one device. ``accelerator="auto"`` takes the GPUs only
+    when every process on the node gets its own (NCCL refuses two ranks on one GPU), and says
+    so on rank 0 when it falls back to the CPU; ``"cpu"`` and ``"gpu"`` force the choice.
     """
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     world = int(os.environ.get("WORLD_SIZE", str(local)))
     if world % local:
         raise ValueError(f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local}; launch with torchrun")
-    accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    gpus = torch.cuda.device_count()
+    if accelerator == "gpu" and gpus < local:
+        raise SystemExit(f"--accelerator gpu: {local} processes on this node but {gpus} GPU(s); "
+                         f"launch with --nproc_per_node={gpus} or use --accelerator cpu")
+    if accelerator == "auto":
+        accelerator = "gpu" if gpus >= local else "cpu"
+        if 0 < gpus < local and os.environ.get("RANK", "0") == "0":
+            print(f"note: {local} processes on this node but {gpus} GPU(s), and NCCL needs one GPU per "
+                  f"process: training on CPU (gloo). Launch with --nproc_per_node={gpus} for the GPUs.",
+                  flush=True)
     return {"accelerator": accelerator, "devices": local, "num_nodes": world // local}
 
 

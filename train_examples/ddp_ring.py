@@ -34,14 +34,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--bucket-cap-mb", type=float, default=1.0,
                         help="DDP bucket size in MiB; smaller gives more buckets (default: %(default)s)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                        help="process-group backend; auto = nccl when CUDA is available, else gloo")
+                        help="process-group backend; auto = nccl when this node has a GPU for every "
+                             "process (NCCL refuses two ranks on one GPU), else gloo")
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    backend = args.backend if args.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    gpu_per_process = torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    backend = args.backend if args.backend != "auto" else ("nccl" if gpu_per_process else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)

@@ -1,4 +1,4 @@
-"""Train the character-level language model with Lightning and the ring all-reduce hook.
+r"""Train the character-level language model with Lightning and the ring all-reduce hook.
 
     torchrun --standalone --nproc_per_node=2 train_examples/train_char_lm.py
     tensorboard --logdir runs/char_lm
@@ -16,8 +16,8 @@ TensorBoard run (its step axis continues)::
     torchrun --standalone --nproc_per_node=2 train_examples/train_char_lm.py \
         --resume runs/char_lm/version_0/checkpoints/epoch=0-step=200.ckpt     # steps 201-400
 
- ``--strategy ddp`` runs Lightning's plain
-DDP for comparison. Multi-node: the usual torchrun flags (``--nnodes``, ``--rdzv-endpoint``).
+``--strategy ddp`` runs Lightning's plain DDP for comparison. One GPU per process when the node
+has enough of them (``--accelerator``), else CPU. Multi-node: the usual torchrun flags (``--nnodes``, ``--rdzv-endpoint``).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
 
     start_step, logger = resume_point(args.resume, args.output_dir)
     trainer = pl.Trainer(
-        **torchrun_placement(),
+        **torchrun_placement(args.accelerator),
         strategy=strategy,
         max_steps=start_step + args.max_steps,
         accumulate_grad_batches=args.accumulate_grad_batches,

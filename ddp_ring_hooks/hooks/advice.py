@@ -2,7 +2,7 @@
 
 The advisor itself is pure (:mod:`ddp_ring_hooks.advisor`); this module hands it the state's
 in-memory timeline, and when the state closes writes the advice as a text panel next to the
-``comm/*`` charts (rank 0, when the state has a ``log_dir``).
+``comm/*`` charts (the hook group's rank 0, when the state has a ``log_dir``).
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ def advise_state(state, **options) -> dict:
 
 
 def close_timeline(state) -> None:
-    """Close the state's timeline; on rank 0 with a ``log_dir``, write the advice panel first."""
+    """Close the state's timeline; on the group's rank 0 with a ``log_dir``, write the advice panel first."""
     timeline = state.timeline
-    if timeline.attached and not timeline.closed and timeline.log_dir is not None and timeline.run["rank"] == 0 and timeline.steps:
+    if timeline.attached and not timeline.closed and timeline.directory is not None and timeline.run["rank"] == 0 and timeline.steps:
         try:
             text = format_advice(advise_state(state))
         except ValueError as error:  # too few steps, nothing measured: say why
             text = f"no advice: {error}"
         try:
-            _write_text(timeline.log_dir, text)
+            _write_text(timeline.directory, text)
         except Exception as error:  # noqa: BLE001 - advice must never break closing
             warnings.warn(f"could not write the {ADVICE_TAG} panel: {error!r}", stacklevel=2)
     timeline.close()

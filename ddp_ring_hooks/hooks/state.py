@@ -248,7 +248,7 @@ class HookState:
         """The one place that picks how a bucket is reduced (see the module docstring)."""
         if schedule is None:  # native: the group's own all-reduce, DDP's scaling
             # (no profiler phase ranges: its start and end marks are taken on different threads)
-            return run_native(buffer, group=self.group, observer=observer, average=True)
+            return self._native_or_explain(buffer, observer, bucket=bucket, iteration=iteration)
         if ranges is not None:
             observer = combine_observers(observer, ranges)
         if buffer.is_cuda:
@@ -287,19 +287,48 @@ class HookState:
     ) -> torch.Tensor:
         """:meth:`_average`, with failures that name the hook and bucket; once communication
         failed, every later bucket fails at once instead of waiting for the timeout again."""
-        if self._failure is not None:
-            raise CommunicationError(
-                f"ring_hook ({schedule.algorithm}): bucket {bucket} of iteration {iteration} was not reduced because an "
-                f"earlier one failed: {self._failure}"
-            )
+        self._refuse_after_failure(schedule.algorithm, bucket, iteration)
         try:
             return self._average(schedule, buffer, observer, tag, group)
         except RuntimeError as error:  # backend errors (DistBackendError) and StepFailedError
-            self._failure = HookFailedError(
-                hook="ring_hook", algorithm=schedule.algorithm, bucket=bucket, iteration=iteration, numel=buffer.numel(),
-                dtype=str(buffer.dtype).removeprefix("torch."), cause=error,
+            raise self._failed(schedule.algorithm, buffer, bucket, iteration, error) from error
+
+    def _native_or_explain(
+        self, buffer: torch.Tensor, observer: ExecutionObserver, *, bucket: int, iteration: int,
+    ) -> torch.futures.Future:
+        """``native``'s all-reduce, failing like the schedules: named, and at once after a failure
+        (under ``auto`` native and schedule buckets share one record of it). On CUDA the
+        Future completes at once and NCCL reports errors through its own watchdog, so only
+        gloo's Future is watched."""
+        self._refuse_after_failure(NATIVE, bucket, iteration)
+        future = run_native(buffer, group=self.group, observer=observer, average=True)
+        if buffer.is_cuda:
+            return future
+
+        def value_or_explain(done: torch.futures.Future) -> torch.Tensor:
+            try:
+                return done.value()
+            except RuntimeError as error:
+                raise self._failed(NATIVE, buffer, bucket, iteration, error) from error
+
+        return future.then(value_or_explain)
+
+    def _refuse_after_failure(self, algorithm: str, bucket: int, iteration: int) -> None:
+        if self._failure is not None:
+            raise CommunicationError(
+                f"ring_hook ({algorithm}): bucket {bucket} of iteration {iteration} was not reduced because an "
+                f"earlier one failed: {self._failure}"
             )
-            raise self._failure from error
+
+    def _failed(self, algorithm: str, buffer: torch.Tensor, bucket: int, iteration: int, error: BaseException) -> HookFailedError:
+        """Remember the first failure (later buckets are refused with it) and return it, named."""
+        failure = HookFailedError(
+            hook="ring_hook", algorithm=algorithm, bucket=bucket, iteration=iteration, numel=buffer.numel(),
+            dtype=str(buffer.dtype).removeprefix("torch."), cause=error,
+        )
+        if self._failure is None:
+            self._failure = failure
+        return failure
 
     def close(self) -> None:
         """Stop the worker threads after the queued buckets (they restart on the next bucket),

@@ -56,11 +56,6 @@ class BucketObserver(ExecutionObserver):
         self.end = self.timer.mark()
         self.telemetry._bucket_finished(self)
 
-    @property
-    def start(self):
-        """Communication starts with the first phase (nothing moves for one rank or 0 bytes)."""
-        return self.phases[0][1] if self.phases else self.end
-
 
 def resolve_step(pending: PendingStep, *, deadline: float) -> StepRecord | None:
     """Turn one step's marks into a StepRecord (waits, by polling, for CUDA events)."""
@@ -68,38 +63,65 @@ def resolve_step(pending: PendingStep, *, deadline: float) -> StepRecord | None:
     for bucket in finished:
         if not bucket.timer.wait_ready(bucket.end, deadline):
             return None
-    buckets = tuple(bucket_record(pending, bucket) for bucket in finished)
-    last_handed, timer = finished[-1], finished[-1].timer
+    clocks = [BucketClocks.read(bucket) for bucket in finished]
+    for bucket in finished:  # read once and for all: CUDA events go back to be reused
+        bucket.timer.release([bucket.handed, *(mark for _, mark in bucket.phases), bucket.end])
+    buckets = tuple(bucket_record(pending, bucket, clock) for bucket, clock in zip(finished, clocks))
     return StepRecord(
         step=pending.step,
         buckets=buckets,
-        total_ms=step_busy_ms(finished),
-        exposed_ms=max(timer.clock_ms(b.end) for b in finished) - timer.clock_ms(last_handed.handed),
+        total_ms=busy_ms((clock.start, clock.end) for clock in clocks),
+        exposed_ms=max(clock.end for clock in clocks) - clocks[-1].handed,
         num_buckets=len(buckets),
         rank=pending.rank,
         dropped=pending.dropped,
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class BucketClocks:
+    """One bucket's marks read once, in ms on the host's monotonic clock (durations are
+    differences of these: one clock reading per mark)."""
+
+    handed: float
+    phases: tuple[tuple[str, float], ...]
+    end: float
+
+    @classmethod
+    def read(cls, bucket: BucketObserver) -> BucketClocks:
+        clock_ms = bucket.timer.clock_ms
+        return cls(
+            handed=clock_ms(bucket.handed),
+            phases=tuple((phase, clock_ms(mark)) for phase, mark in bucket.phases),
+            end=clock_ms(bucket.end),
+        )
+
+    @property
+    def start(self) -> float:
+        """Communication starts with the first phase (nothing moves for one rank or 0 bytes)."""
+        return self.phases[0][1] if self.phases else self.end
+
+
 def step_busy_ms(buckets: list[BucketObserver]) -> float:
-    """The step's ``total_ms``: the same arithmetic for the record and the gathered spread."""
-    return busy_ms((b.timer.clock_ms(b.start), b.timer.clock_ms(b.end)) for b in buckets)
+    """The step's ``total_ms`` from host marks, as :func:`resolve_step` computes it (the
+    spread gather takes it on the worker, before the writer resolves the step)."""
+    return busy_ms((clock.start, clock.end) for clock in map(BucketClocks.read, buckets))
 
 
-def bucket_record(pending: PendingStep, bucket: BucketObserver) -> BucketRecord:
-    timer, start = bucket.timer, bucket.start
-    time_ms = timer.elapsed_ms(start, bucket.end)
+def bucket_record(pending: PendingStep, bucket: BucketObserver, clock: BucketClocks) -> BucketRecord:
+    start = clock.start
+    time_ms = clock.end - start
     phases_ms: dict[str, float] = {}
     offsets_ms: dict[str, float] = {}
-    bounds = [*bucket.phases, (None, bucket.end)]
+    bounds = [*clock.phases, (None, clock.end)]
     for (phase, begin), (_, end) in zip(bounds, bounds[1:]):
-        phases_ms[phase] = phases_ms.get(phase, 0.0) + timer.elapsed_ms(begin, end)
-        offsets_ms.setdefault(phase, timer.elapsed_ms(start, begin))
+        phases_ms[phase] = phases_ms.get(phase, 0.0) + (end - begin)
+        offsets_ms.setdefault(phase, begin - start)
     algbw, busbw = bandwidths_GBps(bucket.nbytes, time_ms, bucket.world_size)
     return BucketRecord(
         step=pending.step, index=bucket.index, nbytes=bucket.nbytes, numel=bucket.numel, dtype=str(bucket.dtype).removeprefix("torch."),
         algorithm=bucket.algorithm, world_size=bucket.world_size,
-        queue_ms=timer.elapsed_ms(bucket.handed, start), time_ms=time_ms, phases_ms=phases_ms,
-        algbw_GBps=algbw, busbw_GBps=busbw, rank=pending.rank, start_ms=timer.clock_ms(start),
+        queue_ms=start - clock.handed, time_ms=time_ms, phases_ms=phases_ms,
+        algbw_GBps=algbw, busbw_GBps=busbw, rank=pending.rank, start_ms=start,
         phase_offsets_ms=offsets_ms,
     )

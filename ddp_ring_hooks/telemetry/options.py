@@ -12,6 +12,22 @@ import dataclasses
 import os
 import tempfile
 
+def group_log_dir(log_dir: str, group=None) -> str:
+    """Where a hook group's files go: ``log_dir`` itself when the group is every rank, else
+    ``log_dir/group_{r}``, ``r`` the global rank of the group's first member.
+
+    The group's rank 0 writes them (not global rank 0, which need not be in the group). An SPMD
+    script passes the same ``log_dir`` on every rank; with several data-parallel groups (say
+    ranks 0-3 and 4-7), each group's files land in a directory of its own, and TensorBoard shows
+    each group as a run of its own instead of one run mixing both.
+    """
+    import torch.distributed as dist
+
+    if group is None or not dist.is_initialized() or dist.get_world_size(group) == dist.get_world_size():
+        return log_dir
+    return os.path.join(log_dir, f"group_{min(dist.get_process_group_ranks(group))}")
+
+
 #: Every telemetry option a hook state, ``register`` or the Lightning strategy accepts.
 TELEMETRY_OPTIONS = ("log_dir", "log_every", "trace_steps", "per_rank", "spread_every", "sinks")
 

@@ -17,7 +17,8 @@ The path of one step's numbers::
    record to the sinks whose steps it belongs to.
 
 Only steps that something wants are observed (``log_every``, the trace window, spread
-steps); other steps cost one integer comparison. Rank 0 writes files by default; with
+steps); other steps cost one integer comparison. The hook group's rank 0 writes files by
+default (to ``log_dir/group_{r}`` for a group that is not every rank: :func:`.options.group_log_dir`); with
 ``per_rank=True`` every rank writes to ``log_dir/rank_{r}``. Every rank keeps its own summary.
 
 Across ranks (``spread_every=N``, and the steps of the trace window): the hook state gathers
@@ -52,7 +53,7 @@ import torch.distributed as dist
 
 from ..runtime.observer import NULL_OBSERVER, ExecutionObserver
 from .bucket_marks import BucketObserver, PendingStep, resolve_step, step_busy_ms
-from .options import TelemetryOptions, check_sink
+from .options import TelemetryOptions, check_sink, group_log_dir
 from .records import RankArrivals
 from .sinks import Sink, SummaryTable, TensorBoardSink, TraceSink
 from .stragglers import StragglerTally
@@ -75,7 +76,8 @@ class Telemetry:
     """Per-bucket communication timing for one hook state, written to sinks off the hot path.
 
     Args:
-        log_dir: write TensorBoard events (and the trace) here; rank 0 only unless ``per_rank``.
+        log_dir: write TensorBoard events (and the trace) here; the group's rank 0 only unless
+            ``per_rank``.
         log_every: observe every N-th optimizer step (1: every step).
         trace_steps: steps for a Chrome/Perfetto trace ``log_dir/comm_trace.json``: a
             ``(start, stop)`` pair of optimizer steps (``stop`` excluded) or a count N, which
@@ -186,7 +188,7 @@ class Telemetry:
             return NULL_OBSERVER
         if step != self._open_step:
             self._open_step = step
-            self._pending = PendingStep(step, self._start()) if self._wants(step) else None
+            self._pending = PendingStep(step, self._start(group)) if self._wants(step) else None
         pending = self._pending
         if pending is None:
             return NULL_OBSERVER
@@ -256,11 +258,16 @@ class Telemetry:
 
     # -- starting, flushing, closing -------------------------------------------------------
 
-    def _start(self) -> int:
-        """On the first observed step: learn the rank, start the writer thread. Returns the rank."""
+    def _start(self, group=None) -> int:
+        """On the first observed step: learn this process's rank in the hook's group and where
+        the group writes (:func:`~.options.group_log_dir`), start the writer thread. Returns
+        the rank."""
         if self._rank is not None:
             return self._rank
-        self._rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        initialized = dist.is_available() and dist.is_initialized()
+        self._rank = dist.get_rank(group) if initialized else 0
+        if self._options.log_dir is not None:
+            self._directory = group_log_dir(self._options.log_dir, group) if initialized else self._options.log_dir
         self._writer = threading.Thread(target=self._write_loop, name="ddp-ring-hooks-telemetry", daemon=True)
         self._writer.start()
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -274,7 +281,7 @@ class Telemetry:
         if not (options.per_rank or rank == 0):
             # Kept in memory only, for rank 0 to gather into its merged trace.
             return [(TraceSink(None, steps=options.trace_steps), self._is_trace_step)] if options.trace_steps else []
-        directory = os.path.join(options.log_dir, f"rank_{rank}") if options.per_rank else options.log_dir
+        directory = os.path.join(self._directory, f"rank_{rank}") if options.per_rank else self._directory
         # Logged steps; the gathered ranks of spread steps come through write_ranks.
         routes: list[tuple[Sink, Callable[[int], bool]]] = [(TensorBoardSink(directory), self._is_log_step)]
         if options.trace_steps is not None:
@@ -405,6 +412,7 @@ class Telemetry:
         self._step_lock = threading.Lock()
         self._pending: PendingStep | None = None
         self._rank: int | None = None
+        self._directory: str | None = None
         self._writer: threading.Thread | None = None
         self._closed = False
         self._warned_sink = False

@@ -26,6 +26,7 @@ import math
 import os
 from collections.abc import Iterable
 
+from .fast_checksum import use_fast_checksum
 from .records import RankArrivals, StepRecord
 
 
@@ -106,6 +107,7 @@ class TensorBoardSink(Sink):
     ) -> None:
         if (log_dir is None) == (writer is None):
             raise ValueError("TensorBoardSink needs exactly one of log_dir=PATH or writer=SummaryWriter")
+        use_fast_checksum()  # tensorboard's own record checksum is pure Python (fast_checksum.py)
         if writer is None:
             try:
                 from torch.utils.tensorboard import SummaryWriter

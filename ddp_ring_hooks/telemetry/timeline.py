@@ -50,6 +50,7 @@ import torch.distributed as dist
 from torch.utils._pytree import tree_leaves
 
 from ..runtime.observer import NULL_OBSERVER, ExecutionObserver
+from .options import group_log_dir
 
 TIMELINE_FILE = "timeline.jsonl"
 #: Steps written to the file: all of the first FILE_STEPS, then one in THIN_EVERY.
@@ -121,7 +122,8 @@ class Timeline:
     A state attached to DDP by hand (``register_comm_hook``) records nothing here.
 
     Args:
-        log_dir: also write ``log_dir/timeline.jsonl`` (rank 0).
+        log_dir: also write ``log_dir/timeline.jsonl`` (the hook group's rank 0; a group that
+            is not every rank writes to ``log_dir/group_{r}``, see :func:`~.options.group_log_dir`).
         keep: finished steps kept in memory (the oldest are forgotten): a few KB each.
     """
 
@@ -132,6 +134,7 @@ class Timeline:
 
     def _reset(self) -> None:
         self.run: dict | None = None
+        self.directory: str | None = None  # where this group's timeline.jsonl goes (attach)
         self.steps: deque[dict] = deque(maxlen=self.keep)
         self._step: _Step | None = None
         self._synced = False  # the open step's synchronizing micro-batch has run
@@ -151,6 +154,8 @@ class Timeline:
     def attach(self, ddp_model, *, algorithm: str, concurrent_buckets: int, group=None) -> None:
         """Describe the run and hook the model's forward (call once per DDP model)."""
         self.run = describe_run(ddp_model, algorithm=algorithm, concurrent_buckets=concurrent_buckets, group=group)
+        if self.log_dir is not None:
+            self.directory = group_log_dir(self.log_dir, group or ddp_model.process_group)
         if self.run["device"] != "cpu":
             # On CUDA the host clocks time launches, not work: the advisor refuses such a
             # timeline (it says so), so record nothing on the hot path.
@@ -160,11 +165,11 @@ class Timeline:
             ddp_model.register_forward_hook(self._after_forward),
         ]
         _OPTIMIZER_CLOCK.add(self)
-        if self.log_dir is not None and self.run["rank"] == 0:
-            os.makedirs(self.log_dir, exist_ok=True)
+        if self.directory is not None and self.run["rank"] == 0:
+            os.makedirs(self.directory, exist_ok=True)
             # Line-buffered: every finished step is on disk, for `advise LOG_DIR` during a run
             # and after a crash.
-            self._file = open(os.path.join(self.log_dir, TIMELINE_FILE), "w", encoding="utf-8", buffering=1)  # noqa: SIM115
+            self._file = open(os.path.join(self.directory, TIMELINE_FILE), "w", encoding="utf-8", buffering=1)  # noqa: SIM115
             self._write(self.run)
 
     def observe_bucket(self, buffer: torch.Tensor, *, index: int, is_last: bool) -> ExecutionObserver:
@@ -328,7 +333,7 @@ def describe_run(ddp_model, *, algorithm: str, concurrent_buckets: int, group=No
     return {
         "type": "run",
         "world_size": dist.get_world_size(group),
-        "rank": dist.get_rank(),
+        "rank": dist.get_rank(group),  # in the hook's group: its rank 0 writes
         "algorithm": algorithm,
         "concurrent_buckets": concurrent_buckets,
         "bucket_cap_bytes": cap,

@@ -7,19 +7,35 @@
   asks ``event.query()`` until the last mark of a step is complete and only then reads
   ``elapsed_time`` (which needs no synchronization once both events are complete).
 
-Both timers also place a mark on the host's monotonic clock (``start_ms``), so a trace can
-lay ranks and buckets on one time axis. For CUDA this uses an origin event recorded next to
-a host clock reading; the alignment is approximate (the event fires when the stream gets
-there), the durations are exact.
+Every mark is read once, as a time on the host's monotonic clock (:meth:`clock_ms`), and
+durations are differences of those readings: one CUDA call per mark, not one per duration.
+For CUDA the reading is an *anchor* event's host time plus ``anchor.elapsed_time(mark)``; the
+anchor starts as an event recorded next to a host clock reading (approximate alignment: the
+event fires when the stream gets there; the durations are exact) and moves up to a later
+mark once that mark is more than :data:`REANCHOR_MS` past it. ``elapsed_time`` is a 32-bit
+float, so measured from one fixed origin it would lose precision as the run goes on (a
+quarter millisecond an hour in); from an anchor at most a second back it keeps ~0.1 µs.
+
+Events are recycled: once a step's marks are read, :meth:`CudaTimer.release` takes them back
+and later marks are recorded on them again, so a logged step creates no CUDA events (a
+bucket takes three marks, every logged step).
 """
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 
 import torch
 
-_POLL_SECONDS = 0.0005
+#: How often the writer asks a pending CUDA event whether it completed. Nobody waits for the
+#: answer, and every wake takes the GIL that the training thread wants: seldom is better.
+_POLL_SECONDS = 0.002
+#: Move the CUDA anchor up to a mark this far past it (see the module docstring).
+REANCHOR_MS = 1000.0
+#: Events kept for reuse per GPU (a few steps' worth of marks; more are left to the collector).
+_FREE_EVENTS = 4096
 
 
 class HostTimer:
@@ -31,12 +47,12 @@ class HostTimer:
     def wait_ready(self, mark: float, deadline: float) -> bool:
         return True
 
-    def elapsed_ms(self, start: float, end: float) -> float:
-        return (end - start) * 1e3
-
     def clock_ms(self, mark: float) -> float:
         """The mark on the host's monotonic clock, in ms."""
         return mark * 1e3
+
+    def release(self, marks) -> None:
+        """Nothing to recycle: a host mark is a float."""
 
 
 class CudaTimer:
@@ -45,14 +61,27 @@ class CudaTimer:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         with torch.cuda.device(device):
-            self._origin = torch.cuda.Event(enable_timing=True)
-            self._origin.record()
-        self._origin_ms = time.perf_counter() * 1e3
+            self._anchor = torch.cuda.Event(enable_timing=True)
+            self._anchor.record()
+        self._anchor_ms = time.perf_counter() * 1e3
+        self._lock = threading.Lock()  # the writer and the arrivals worker both read marks
+        self._free: collections.deque[torch.cuda.Event] = collections.deque()  # append/pop: thread-safe
 
     def mark(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
+        try:
+            event = self._free.pop()
+        except IndexError:
+            event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
+
+    def release(self, marks) -> None:
+        """Take back completed marks that nobody reads again, to record them anew (never the
+        anchor, which later readings start from)."""
+        with self._lock:
+            for mark in marks:
+                if mark is not self._anchor and len(self._free) < _FREE_EVENTS:
+                    self._free.append(mark)
 
     def wait_ready(self, mark: torch.cuda.Event, deadline: float) -> bool:
         """Poll (never synchronize) until ``mark`` completed; False if ``deadline`` passed."""
@@ -63,11 +92,14 @@ class CudaTimer:
                 time.sleep(_POLL_SECONDS)
         return True
 
-    def elapsed_ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
-        return start.elapsed_time(end)
-
     def clock_ms(self, mark: torch.cuda.Event) -> float:
-        return self._origin_ms + self._origin.elapsed_time(mark)
+        """The completed ``mark`` on the host's monotonic clock, in ms (one CUDA call)."""
+        with self._lock:
+            since = self._anchor.elapsed_time(mark)
+            clock = self._anchor_ms + since
+            if since > REANCHOR_MS:
+                self._anchor, self._anchor_ms = mark, clock
+        return clock
 
 
 class DeviceTimers:

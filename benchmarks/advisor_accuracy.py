@@ -19,11 +19,12 @@ the slowest rank's, between barriers). On a shared machine the speed drifts by t
 percent within a minute, more than the errors being measured; a block pair shares the moment,
 so its ratio (setting / base) does not drift. The advisor's prediction for a setting is a
 step time; the script compares its ratio to the base's predicted step with the measured
-ratio, and prints the prediction as milliseconds at the base's measured speed in those same
-pairs::
+ratio (the median of the pairs' ratios), and prints both as milliseconds at the base's
+measured speed in those same pairs (the median base block, per step)::
 
-    predicted ms = predicted(setting) / predicted(base) x measured base block, per step
-    error        = predicted ratio / measured ratio - 1
+    predicted ms = predicted(setting) / predicted(base) x base ms
+    measured ms  = median(setting block / base block)   x base ms
+    error        = predicted ms / measured ms - 1
 
 The plain error (the predicted step against the setting's measured step, with the base run
 minutes apart) is printed next to it: on a quiet machine the two agree.
@@ -249,10 +250,10 @@ def main(argv=None) -> int:
             measured_ratio = statistics.median(ratios)
             error = (predicted / base_predicted) / measured_ratio - 1
             base_ms = statistics.median(b for _, b in measured)
-            setting_ms = statistics.median(s for s, _ in measured)
-            plain = predicted / setting_ms - 1
+            plain = predicted / statistics.median(s for s, _ in measured) - 1
             errors.append(abs(error))
-            print(f"{knob:<14} {str(value):<18} {predicted / base_predicted * base_ms:>13.1f} {setting_ms:>12.1f} "
+            # Both at the base's speed in these pairs, so that predicted / measured - 1 = error.
+            print(f"{knob:<14} {str(value):<18} {predicted / base_predicted * base_ms:>13.1f} {measured_ratio * base_ms:>12.1f} "
                   f"{error:>+8.1%}   {min(ratios):.2f}-{max(ratios):.2f}{'':<8} {plain:>+11.1%}")
         errors_all += errors
         print(f"{model_name}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "

@@ -98,17 +98,22 @@ def overhead(rounds: int, steps: int, log_dir: str) -> dict[str, list[float]]:
     for arm, (algorithm, log_every) in OVERHEAD_ARMS.items():
         torch.manual_seed(0)
         model = DDP(torch.nn.Sequential(*(torch.nn.Linear(4096, 4096) for _ in range(6))).to(device), device_ids=[0])
+        state = None
         if algorithm is not None:
             telemetry = {"log_dir": os.path.join(log_dir, "overhead", str(log_every)), "log_every": log_every}
-            ddp_ring_hooks.register(model, algorithm=algorithm, **(telemetry if log_every else {}))
-        arms[arm] = (model, torch.optim.SGD(model.parameters(), lr=1e-4))
+            state = ddp_ring_hooks.register(model, algorithm=algorithm, **(telemetry if log_every else {}))
+        arms[arm] = (model, torch.optim.SGD(model.parameters(), lr=1e-4), state)
 
     def block(arm: str, count: int) -> None:
-        model, optimizer = arms[arm]
+        model, optimizer, state = arms[arm]
         for _ in range(count):
             optimizer.zero_grad()
             model(batch).square().mean().backward()
             optimizer.step()
+        if state is not None:
+            # The writer's backlog is this arm's work: write it now, inside the timed block,
+            # not during the next arm's block.
+            state.telemetry.flush()
 
     for arm in OVERHEAD_ARMS:
         block(arm, 3)  # DDP's bucket rebuild, cuBLAS warm-up

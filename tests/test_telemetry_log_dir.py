@@ -4,6 +4,7 @@ explains the extra row DDP's first iteration leaves."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ._dist import run_ranks
@@ -112,15 +113,17 @@ def _two_data_parallel_groups(rank: int, world_size: int, log_dir: str) -> None:
 
 def test_each_data_parallel_group_writes_its_own_run_from_its_own_rank0(tmp_path):
     """The group's rank 0 writes (global rank 2 for the second group, which has no global
-    rank 0), into log_dir/group_{first member}: TensorBoard events, the merged trace of the
+    rank 0), into log_dir/group_{first}-{last}: TensorBoard events, the merged trace of the
     group's two ranks, and the timeline the advisor reads."""
     import json
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from ddp_ring_hooks.telemetry.timeline import read_timeline
+
     run_ranks(_two_data_parallel_groups, 4, str(tmp_path), timeout=180)
-    assert sorted(path.name for path in tmp_path.iterdir() if path.is_dir()) == ["group_0", "group_2"]
-    for name in ("group_0", "group_2"):
+    assert sorted(path.name for path in tmp_path.iterdir() if path.is_dir()) == ["group_0-1", "group_2-3"]
+    for name in ("group_0-1", "group_2-3"):
         directory = tmp_path / name
         accumulator = EventAccumulator(str(directory), size_guidance={"scalars": 0})
         accumulator.Reload()
@@ -132,3 +135,15 @@ def test_each_data_parallel_group_writes_its_own_run_from_its_own_rank0(tmp_path
         assert {event.get("pid") for event in events if event.get("ph") == "X"} == {0, 1}, name
         run = json.loads((directory / "timeline.jsonl").read_text().splitlines()[0])
         assert run["world_size"] == 2 and run["rank"] == 0, (name, run)
+    with pytest.raises(FileNotFoundError, match="one run per process group .group_0-1, group_2-3.*pass one of them"):
+        read_timeline(tmp_path)  # what `ddp-ring-hooks advise LOG_DIR` says for the top directory
+
+
+def test_group_directory_names_tell_groups_apart():
+    from ddp_ring_hooks.telemetry.options import group_dir_name
+
+    assert group_dir_name([1, 0]) == "group_0-1"
+    assert group_dir_name([0, 8, 16, 24]) == "group_0-24_step8"  # a data-parallel group across tensor-parallel ones
+    assert group_dir_name([5]) == "group_5"
+    overlapping = {group_dir_name(ranks) for ranks in ([0, 1], [0, 2], [0, 2, 3], [0, 1, 3])}
+    assert len(overlapping) == 4, overlapping  # groups that share their first rank do not share a directory

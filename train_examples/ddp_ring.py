@@ -42,8 +42,11 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    gpu_per_process = torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    backend = args.backend if args.backend != "auto" else ("nccl" if gpu_per_process else "gloo")
+    gpus, processes = torch.cuda.device_count(), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    backend = args.backend if args.backend != "auto" else ("nccl" if gpus >= processes else "gloo")
+    if args.backend == "auto" and 0 < gpus < processes and local_rank == 0:
+        print(f"note: {processes} processes on this node but {gpus} GPU(s), and NCCL needs one GPU per "
+              f"process: running on CPU (gloo). Launch with --nproc_per_node={gpus} for the GPUs.", flush=True)
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)

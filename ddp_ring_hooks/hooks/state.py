@@ -296,12 +296,22 @@ class HookState:
     def _native_or_explain(
         self, buffer: torch.Tensor, observer: ExecutionObserver, *, bucket: int, iteration: int,
     ) -> torch.futures.Future:
-        """``native``'s all-reduce, failing like the schedules: named, and at once after a failure
-        (under ``auto`` native and schedule buckets share one record of it). On CUDA the
-        Future completes at once and NCCL reports errors through its own watchdog, so only
-        gloo's Future is watched."""
-        self._refuse_after_failure(NATIVE, bucket, iteration)
-        future = run_native(buffer, group=self.group, observer=observer, average=True)
+        """``native``'s all-reduce, failing like the schedules: named, through the Future (as a
+        schedule bucket fails, so DDP's end of backward raises it), and at once after a
+        failure (under ``auto`` native and schedule buckets share one record of it). On CUDA
+        the Future completes at once and NCCL reports errors through its own watchdog, so
+        only gloo's Future is watched."""
+        try:
+            self._refuse_after_failure(NATIVE, bucket, iteration)
+            future = run_native(buffer, group=self.group, observer=observer, average=True)
+        except RuntimeError as error:  # refused, or the backend failed to start the collective
+            failure = error
+            if not isinstance(error, CommunicationError):
+                failure = self._failed(NATIVE, buffer, bucket, iteration, error)
+                failure.__cause__ = error
+            failed = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
+            failed.set_exception(failure)
+            return failed.then(_value_or_raise)
         if buffer.is_cuda:
             return future
 

@@ -9,12 +9,13 @@ without a ``log_dir``), not later on the writer thread.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import tempfile
 
 def group_log_dir(log_dir: str, group=None) -> str:
     """Where a hook group's files go: ``log_dir`` itself when the group is every rank, else
-    ``log_dir/group_{r}``, ``r`` the global rank of the group's first member.
+    ``log_dir/{group_dir_name(ranks)}`` (``group_0-3`` for ranks 0 to 3).
 
     The group's rank 0 writes them (not global rank 0, which need not be in the group). An SPMD
     script passes the same ``log_dir`` on every rank; with several data-parallel groups (say
@@ -25,7 +26,22 @@ def group_log_dir(log_dir: str, group=None) -> str:
 
     if group is None or not dist.is_initialized() or dist.get_world_size(group) == dist.get_world_size():
         return log_dir
-    return os.path.join(log_dir, f"group_{min(dist.get_process_group_ranks(group))}")
+    return os.path.join(log_dir, group_dir_name(dist.get_process_group_ranks(group)))
+
+
+def group_dir_name(ranks) -> str:
+    """A directory name that tells the group's global ranks apart from any other group's:
+    ``group_0-3`` (consecutive), ``group_0-24_step8`` (evenly spaced: 0, 8, 16, 24), else
+    ``group_{first}_{hash of the ranks}``."""
+    ranks = sorted(ranks)
+    first, last = ranks[0], ranks[-1]
+    if len(ranks) == 1:
+        return f"group_{first}"
+    step = ranks[1] - first
+    if ranks == list(range(first, last + 1, step)):
+        return f"group_{first}-{last}" + (f"_step{step}" if step != 1 else "")
+    digest = hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:8]
+    return f"group_{first}_{digest}"
 
 
 #: Every telemetry option a hook state, ``register`` or the Lightning strategy accepts.

@@ -18,7 +18,8 @@ The path of one step's numbers::
 
 Only steps that something wants are observed (``log_every``, the trace window, spread
 steps); other steps cost one integer comparison. The hook group's rank 0 writes files by
-default (to ``log_dir/group_{r}`` for a group that is not every rank: :func:`.options.group_log_dir`); with
+default (to ``log_dir/group_0-3``, named by its ranks, for a group that is not every rank:
+:func:`.options.group_log_dir`); with
 ``per_rank=True`` every rank writes to ``log_dir/rank_{r}``. Every rank keeps its own summary.
 
 Across ranks (``spread_every=N``, and the steps of the trace window): the hook state gathers

@@ -123,7 +123,7 @@ class Timeline:
 
     Args:
         log_dir: also write ``log_dir/timeline.jsonl`` (the hook group's rank 0; a group that
-            is not every rank writes to ``log_dir/group_{r}``, see :func:`~.options.group_log_dir`).
+            is not every rank writes to ``log_dir/group_0-3``, see :func:`~.options.group_log_dir`).
         keep: finished steps kept in memory (the oldest are forgotten): a few KB each.
     """
 
@@ -304,6 +304,13 @@ def read_timeline(path: str | os.PathLike) -> list[dict]:
     """The records of a ``timeline.jsonl`` (a file, or the ``log_dir`` that holds one)."""
     path = os.fspath(path)
     if os.path.isdir(path):
+        groups = sorted(name for name in os.listdir(path)
+                        if name.startswith("group_") and os.path.isfile(os.path.join(path, name, TIMELINE_FILE)))
+        if not os.path.exists(os.path.join(path, TIMELINE_FILE)) and groups:
+            raise FileNotFoundError(
+                f"{path} holds one run per process group ({', '.join(groups)}): the hook ran on groups "
+                f"smaller than the world; pass one of them, e.g. {os.path.join(path, groups[0])}"
+            )
         path = os.path.join(path, TIMELINE_FILE)
     if not os.path.exists(path):
         raise FileNotFoundError(

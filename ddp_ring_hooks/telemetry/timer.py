@@ -75,8 +75,9 @@ class CudaTimer:
             event = self._free.pop()
         except IndexError:
             event = torch.cuda.Event(enable_timing=True)
-        # The calling thread's current stream on this timer's GPU (a recycled event belongs to
-        # it, whatever device the thread has current).
+        # The calling thread's current stream on this timer's GPU. ``record()`` alone would take
+        # ``torch.cuda.current_stream()`` of the *current* device, and "the stream's device must
+        # match the event's device" (torch/cuda/streams.py): a recycled event belongs to this GPU.
         event.record(torch.cuda.current_stream(self.device))
         return event
 

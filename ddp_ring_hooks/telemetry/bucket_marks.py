@@ -70,7 +70,7 @@ def resolve_step(pending: PendingStep, *, deadline: float) -> StepRecord | None:
     return StepRecord(
         step=pending.step,
         buckets=buckets,
-        total_ms=busy_ms((clock.start, clock.end) for clock in clocks),
+        total_ms=clocks_busy_ms(clocks),
         exposed_ms=max(clock.end for clock in clocks) - clocks[-1].handed,
         num_buckets=len(buckets),
         rank=pending.rank,
@@ -102,10 +102,15 @@ class BucketClocks:
         return self.phases[0][1] if self.phases else self.end
 
 
+def clocks_busy_ms(clocks) -> float:
+    """The step's ``total_ms``: how long at least one of its buckets was communicating."""
+    return busy_ms((clock.start, clock.end) for clock in clocks)
+
+
 def step_busy_ms(buckets: list[BucketObserver]) -> float:
     """The step's ``total_ms`` from host marks, as :func:`resolve_step` computes it (the
     spread gather takes it on the worker, before the writer resolves the step)."""
-    return busy_ms((clock.start, clock.end) for clock in map(BucketClocks.read, buckets))
+    return clocks_busy_ms(map(BucketClocks.read, buckets))
 
 
 def bucket_record(pending: PendingStep, bucket: BucketObserver, clock: BucketClocks) -> BucketRecord:

@@ -26,7 +26,6 @@ from .step_model import Setting, StepModel, run_setting, setting_options
 
 BUCKET_CAPS_MB = (1, 5, 10, 25, 50, 100)
 ACCUMULATE = (1, 2, 4, 8, 16)
-ALL_ALGORITHMS = algorithm_names()
 #: Predicted gains below this are within the model's error: no recommendation.
 MIN_GAIN = 1.03
 
@@ -53,7 +52,7 @@ def what_if(model: StepModel) -> list[dict]:
     variants += [("bucket_cap_mb", v, replace(here, bucket_cap_mb=float(v))) for v in BUCKET_CAPS_MB]
     variants += [("accumulate", v, replace(here, accumulate=v)) for v in ACCUMULATE]
     # Another algorithm takes its own options' defaults (and the run's LOCAL_WORLD_SIZE), not the run's.
-    variants += [("algorithm", a, replace(here, algorithm=a, algorithm_options=())) for a in ALL_ALGORITHMS]
+    variants += [("algorithm", a, replace(here, algorithm=a, algorithm_options=())) for a in algorithm_names()]
     variants += [("world_size", p, replace(here, world_size=p)) for p in world_sizes(here.world_size)]
     rows = []
     for knob, value, setting in variants:

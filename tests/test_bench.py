@@ -93,6 +93,20 @@ def test_bench_rejects_bad_arguments_before_starting_ranks(capsys):
     assert "'rign'" in capsys.readouterr().err
     assert cli_main(["bench", "-b", "4 kilobytes"]) == 2
     assert "4K" in capsys.readouterr().err
+    # The algorithms' options: each one's own check, and none dropped unseen.
+    assert cli_main(["bench", "--algorithms", "tree", "--segments", "0"]) == 2
+    assert "tree: segments=0 must be an integer >= 1" in capsys.readouterr().err
+    assert cli_main(["bench", "--algorithms", "ring,native", "--segments", "2"]) == 2
+    assert "--segments is an option of none of ring, native" in capsys.readouterr().err
+
+
+def test_bench_hands_each_algorithm_its_options_and_auto_all_of_them():
+    from ddp_ring_hooks.cli.bench import options_per_algorithm
+
+    given = {"segments": 3, "local_size": 2}
+    assert options_per_algorithm(given, ["ring", "tree", "hierarchical", "auto"]) == {
+        "ring": {}, "tree": {"segments": 3}, "hierarchical": {"local_size": 2}, "auto": given,
+    }
 
 
 # -- pipelined slices in the executor --------------------------------------------------------

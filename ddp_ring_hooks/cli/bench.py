@@ -20,9 +20,10 @@ import torch.distributed as dist
 from .. import bench
 from ..launch import run_on_ranks, under_torchrun
 from ..runtime.collectives import device_of
-from ..schedules import ALGORITHMS
+from ..schedules import ALGORITHMS, check_given_options, get_algorithm, options_for
 from ..units import SIZE_HELP
 from . import fail
+from ._options import add_option_arguments, flag, given_options
 
 
 def add_parser(subparsers) -> None:
@@ -53,6 +54,7 @@ def add_parser(subparsers) -> None:
     sweep.add_argument("--algorithms", default=",".join([*ALGORITHMS, bench.AUTO, bench.NATIVE]), metavar="A,B,...",
                        help="comma-separated algorithms; 'auto' probes once and then picks per size like the "
                             "hook's algorithm='auto'; 'native' is dist.all_reduce (default: all of them)")
+    add_option_arguments(parser.add_argument_group("algorithm options (also passed to auto's candidates)"))
     ranks = parser.add_argument_group("ranks")
     ranks.add_argument("--nproc", type=int, default=2, metavar="N",
                        help="local gloo ranks to spawn when not under torchrun (default: 2); "
@@ -78,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         )
         algorithms = [name.strip() for name in args.algorithms.split(",") if name.strip()]
         bench.check_algorithms(algorithms)
+        options = options_per_algorithm(given_options(args), algorithms)
         if args.warmup_iters < 0 or args.iters < 1 or args.rounds < 1:
             raise ValueError("need -w >= 0, -n >= 1 and --rounds >= 1")
         if not under_torchrun() and args.nproc < 2:
@@ -85,12 +88,27 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         return fail("bench", str(error))
     wrong = run_on_ranks(
-        _bench_on_rank, args, sizes, algorithms, nproc=args.nproc, backend=args.backend, timeout_s=args.timeout
+        _bench_on_rank, args, sizes, algorithms, options, nproc=args.nproc, backend=args.backend, timeout_s=args.timeout
     )
     return 1 if wrong else 0
 
 
-def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[str]) -> int:
+def options_per_algorithm(given: dict[str, object], algorithms: list[str]) -> dict[str, dict]:
+    """Each benchmarked algorithm's share of the options given (``auto``: all of them, for its
+    candidates), checked; an option that no benchmarked algorithm takes is an error, not ignored."""
+    check_given_options(given)
+    unused = [] if bench.AUTO in algorithms else [
+        name for name in given if not any(name in get_algorithm(a).option_names for a in algorithms)
+    ]
+    if unused:
+        raise ValueError(
+            f"{', '.join(map(flag, unused))} is an option of none of {', '.join(algorithms)}; "
+            "drop it or add an algorithm that takes it to --algorithms"
+        )
+    return {name: dict(given) if name == bench.AUTO else options_for(name, given) for name in algorithms}
+
+
+def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[str], options: dict[str, dict]) -> int:
     """Run the sweep; rank 0 prints and writes the outputs. Returns the wrong values' count."""
     rank = dist.get_rank()
     device = device_of(None)
@@ -107,7 +125,7 @@ def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[
         )
     records = bench.run_sweep(
         sizes, algorithms=algorithms, dtype=dtype, warmup=args.warmup_iters, iters=args.iters,
-        rounds=args.rounds, device=device, progress=rank == 0 and not args.no_progress,
+        rounds=args.rounds, device=device, options=options, progress=rank == 0 and not args.no_progress,
     )
     wrong = sum(r.wrong for r in records)  # the same on every rank
     if rank != 0:
@@ -116,7 +134,7 @@ def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[
     sizes_measured = sorted({r.nbytes for r in records})
     # The fit needs two sizes or more to tell latency from bandwidth; one size still gives
     # the table, --json and --plot.
-    fitted = bench.model_errors(records) if len(sizes_measured) > 1 else {}
+    fitted = bench.model_errors(records, options) if len(sizes_measured) > 1 else {}
     if len(sizes_measured) == 1:
         print(f"# alpha-beta fit skipped: it needs 2 or more message sizes and this sweep has one "
               f"({bench.format_size(sizes_measured[0])}); give -e larger than -b to fit the model")

@@ -40,14 +40,14 @@ def simulate(
     alpha: float,
     beta: float,
     gamma: float = 0.0,
-    local_size: int | None = None,
+    ranks_per_node: int | None = None,
     local_alpha: float | None = None,
     local_beta: float | None = None,
 ) -> float:
     """Seconds the schedule takes in the α-β-γ model, step by step (see the module docstring).
 
-    With ``local_size``, a link between ranks of the same node (``r // local_size``) costs
-    ``local_alpha``/``local_beta`` (default: ``alpha``/``beta``).
+    With ``ranks_per_node``, a link between ranks of the same node (``r // ranks_per_node``)
+    costs ``local_alpha``/``local_beta`` (default: ``alpha``/``beta``).
     """
     chunk = nbytes / schedule.num_chunks
     total = 0.0
@@ -60,7 +60,7 @@ def simulate(
                 link[1] += chunk
         slowest = 0.0
         for (src, dst), (moved, reduced) in links.items():
-            local = local_size is not None and src // local_size == dst // local_size
+            local = ranks_per_node is not None and src // ranks_per_node == dst // ranks_per_node
             a = local_alpha if local and local_alpha is not None else alpha
             b = local_beta if local and local_beta is not None else beta
             slowest = max(slowest, a + moved * b + reduced * gamma)

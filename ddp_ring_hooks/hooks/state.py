@@ -29,7 +29,6 @@ reducer does, so it matches DDP without a hook bit for bit.
 from __future__ import annotations
 
 import difflib
-import inspect
 from collections.abc import Mapping
 
 import torch
@@ -41,7 +40,7 @@ from ..runtime.collectives import check_device_backend
 from ..runtime.errors import CommunicationError
 from ..runtime.names import NATIVE, check_algorithm_name, has_schedule
 from ..runtime.native import run_native
-from ..runtime.selection import AUTO, AutoSelector
+from ..runtime.selection import AUTO, AutoSelector, auto_option_names
 from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options
 from ..telemetry import TELEMETRY_OPTIONS, Sink, Telemetry
 from ..telemetry.timeline import Timeline
@@ -406,10 +405,7 @@ def _resolved(algorithm: str, options: dict[str, object]) -> dict[str, object]:
 
 
 def _auto_options(options: dict[str, object]) -> dict[str, object]:
-    accepted = tuple(
-        name for name, p in inspect.signature(AutoSelector.probed).parameters.items()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "device"  # a HookState option
-    )
+    accepted = auto_option_names()
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise TypeError(_unknown_option_message(unknown, AUTO, accepted))

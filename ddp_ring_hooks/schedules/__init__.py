@@ -16,8 +16,8 @@ from .hierarchical import build_hierarchical_schedule, hierarchical_cost
 from .ir import Op, RankStep, Receive, Schedule, Send, Step, Transfer
 from .naive import build_naive_schedule, naive_cost
 from .registry import (
-    Algorithm, CostTerms, Option, algorithm_examples, algorithm_names, formula_for, get_algorithm,
-    register_algorithm, resolve_options,
+    Algorithm, CostTerms, Option, algorithm_examples, algorithm_names, check_given_options, formula_for, get_algorithm,
+    options_by_name, options_for, register_algorithm, resolve_options,
 )
 from .replay import final_state, replay
 from .ring import build_ring_schedule, ring_cost
@@ -49,7 +49,8 @@ register_algorithm(Algorithm(
 register_algorithm(Algorithm(
     "tree", "binomial-tree reduce to rank 0, then broadcast, pipelined in segments",
     build=build_tree_schedule, cost=tree_cost, layout="tree",
-    options=(Option("segments", 1, "pipelined pieces of the buffer", check=_positive_int, label="{} segments"),),
+    options=(Option("segments", 1, "pipeline the buffer in K segments", check=_positive_int, label="{} segments",
+                    metavar="K"),),
     examples=lambda p: ({"segments": 1}, {"segments": 3}),
 ))
 register_algorithm(Algorithm(
@@ -59,10 +60,10 @@ register_algorithm(Algorithm(
 register_algorithm(Algorithm(
     "hierarchical", "rings inside each node, a ring across nodes on a 1/G shard",
     build=build_hierarchical_schedule, cost=hierarchical_cost, layout="nodes",
-    options=(Option("local_size", None, "ranks per node (G)", check=_ranks_per_node, environment="LOCAL_WORLD_SIZE",
-                   label="{}/node"),),
+    options=(Option("local_size", None, "ranks per node; must divide the world size", check=_ranks_per_node,
+                    environment="LOCAL_WORLD_SIZE", label="{}/node", metavar="G"),),
     # Only a true hierarchy (several nodes of several ranks) differs from a ring.
-    applies=lambda p, local_size: local_size is not None and local_size in _proper_divisors(p),
+    applies=lambda p, options: options["local_size"] in _proper_divisors(p),
     examples=lambda p: tuple({"local_size": g} for g in _proper_divisors(p)),
 ))
 
@@ -74,7 +75,7 @@ register_algorithm(Algorithm(
 ))
 
 #: Names of the algorithms that run a schedule (what ``ddp_ring_hooks.ALGORITHMS`` lists).
-ALGORITHMS: tuple[str, ...] = tuple(name for name in algorithm_names() if get_algorithm(name).build is not None)
+ALGORITHMS: tuple[str, ...] = algorithm_names(scheduled_only=True)
 
 
 def build_schedule(algorithm: str, world_size: int, **options) -> Schedule:
@@ -105,6 +106,6 @@ __all__ = [
     "ALGORITHMS", "Algorithm", "CostTerms", "Option", "Op", "RankStep", "Receive", "Schedule", "ScheduleError", "Send",
     "Step", "Transfer", "build_halving_doubling_schedule", "build_hierarchical_schedule",
     "build_naive_schedule", "build_ring_schedule", "build_tree_schedule", "build_schedule", "check_all_reduce",
-    "algorithm_examples", "algorithm_names", "checked_schedule", "final_state", "formula_for", "get_algorithm",
-    "register_algorithm", "replay", "resolve_options",
+    "algorithm_examples", "algorithm_names", "check_given_options", "checked_schedule", "final_state", "formula_for",
+    "get_algorithm", "options_by_name", "options_for", "register_algorithm", "replay", "resolve_options",
 ]

@@ -6,14 +6,14 @@ Depends on nothing else in the package (it never imports torch); the CLI (``ddp-
 lab``), ``bench``, the tests and the benchmarks use it. See ``docs/lab.md``.
 """
 
-from .cluster import LINK_ENVIRONMENT, EmulatedCluster, HostUnreachable, remove_labs_of, remove_stale_labs
+from .cluster import LINK_ENVIRONMENT, EmulatedCluster, HostUnreachable
+from .housekeeping import remove_kept_labs, remove_labs_of, remove_stale_labs, status_report
 from .iproute import LabError, LabUnavailable, unavailable_reason
 from .jobs import HostFailed, HostResult, Job, LabTimeout
 from .rates import RATE_HELP, format_rate, parse_rate
-from .registry import LabRecord, records
 
 __all__ = [
     "LINK_ENVIRONMENT", "RATE_HELP", "EmulatedCluster", "HostFailed", "HostResult", "HostUnreachable", "Job",
-    "LabError", "LabRecord", "LabTimeout", "LabUnavailable", "format_rate", "parse_rate", "records",
-    "remove_labs_of", "remove_stale_labs", "unavailable_reason",
+    "LabError", "LabTimeout", "LabUnavailable", "format_rate", "parse_rate", "remove_kept_labs", "remove_labs_of",
+    "remove_stale_labs", "status_report", "unavailable_reason",
 ]

@@ -15,8 +15,9 @@ network at the emulated rate::
 
 Safe by construction: names and addresses come from a slot claimed in the registry
 (:mod:`.registry`), so labs never collide; everything is removed when the ``with`` block ends,
-on an error, on SIGTERM or SIGHUP, at interpreter exit, and by :func:`remove_stale_labs` when
-the owner died without a chance to clean up (SIGKILL). Nothing touches the root namespace.
+on an error, on SIGTERM or SIGHUP, at interpreter exit, and later, when the owner died without
+a chance to clean up (SIGKILL), by :func:`.housekeeping.remove_stale_labs`. Nothing touches
+the root namespace.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .topology import LabSpec, Link, Plan, lab_spec
 LINK_ENVIRONMENT = "DDP_RING_HOOKS_LAB_LINK"
 
 _PROBE = Path(__file__).with_name("tcp_probe.py")
+_STORE = Path(__file__).with_name("rendezvous_store.py")
 # torchrun's options that the lab sets itself, and torchrun's options that take no value
 # (to find where torchrun's options end and the script's begin).
 _LAB_SETS = {"--nnodes", "--node-rank", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
@@ -252,24 +254,29 @@ class EmulatedCluster:
         return self.start(argv, host=host, env=env, echo=echo).wait(timeout=timeout, check=check)
 
     def torchrun_command(self, args: Sequence[str], *, host: int, port: int) -> list[str]:
-        """The torchrun agent of ``host``: ``--nnodes=N --node-rank=host``, c10d rendezvous on
-        host 0's address, then ``args`` (torchrun's other options, the script and its arguments)."""
+        """The torchrun agent of ``host``: ``--nnodes=N``, c10d rendezvous on host 0's address
+        (served by :mod:`.rendezvous_store`), then ``args`` (torchrun's other options, the script
+        and its arguments). c10d ranks the agents in the order of their ``--local-addr``, which
+        is the host's zero-padded name, so host ``i`` is node ``i`` (``GROUP_RANK``); torchrun
+        ignores ``--node-rank`` with c10d (and warns), so it is not passed."""
         _refuse_lab_options(args)
         return [
-            sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.hosts}", f"--node-rank={host}",
+            sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.hosts}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={self.address(0)}:{port}", f"--rdzv-id={self.name}-{port}",
-            f"--rdzv-conf=is_host={int(host == 0)},join_timeout=120", f"--local-addr={self.address(host)}", *args,
+            "--rdzv-conf=is_host=0,join_timeout=120", f"--local-addr={self.plan.host_name(host)}", *args,
         ]
 
     def start_torchrun(
         self, args: Sequence[str], *, env: Mapping[str, str] | None = None, echo: bool = False,
         require_reachable: bool = True,
     ) -> Job:
-        """Start one torchrun agent per host (:meth:`torchrun_command`); returns the job at once."""
+        """Start one torchrun agent per host (:meth:`torchrun_command`) and the rendezvous store
+        on host 0; returns the job at once."""
         port = _port()
         commands = {host: self.torchrun_command(args, host=host, port=port) for host in range(self.hosts)}
+        store = [sys.executable, str(_STORE), self.address(0), str(port)]
         return self._start(commands, lambda host: self.agent_environment(), env, echo, require_reachable,
-                           what=f"lab {self.name}: torchrun {' '.join(args)[:80]}")
+                           what=f"lab {self.name}: torchrun {' '.join(args)[:80]}", helpers={"rendezvous store": store})
 
     def torchrun(
         self, args: Sequence[str], *, env: Mapping[str, str] | None = None, echo: bool = False,
@@ -341,17 +348,20 @@ class EmulatedCluster:
 
     # -- inside -----------------------------------------------------------------------
 
-    def _start(self, commands, environment_of, env, echo, require_reachable, *, what: str) -> Job:
+    def _start(self, commands, environment_of, env, echo, require_reachable, *, what: str, helpers=None) -> Job:
+        """Start ``commands`` (host -> argv), and ``helpers`` (name -> argv, on host 0) first."""
         if require_reachable:
             self.check_reachable()
-        processes = {}
+        processes, started_helpers = {}, {}
         try:
+            for name, argv in (helpers or {}).items():
+                started_helpers[name] = self._popen(argv, 0, {})
             for host, argv in commands.items():
                 processes[host] = self._popen(argv, host, {**environment_of(host), **(env or {})})
         except BaseException:
-            Job(processes, echo=False, what=what).kill()
+            Job(processes, echo=False, what=what, helpers=started_helpers).kill()
             raise
-        return Job(processes, echo=echo, what=what)
+        return Job(processes, echo=echo, what=what, helpers=started_helpers)
 
     def _popen(self, argv: Sequence[str], host: int, env: Mapping[str, str]) -> subprocess.Popen:
         return subprocess.Popen(
@@ -372,30 +382,6 @@ class EmulatedCluster:
         if not self.spec.nodes or not 0 <= node < self.spec.nodes:
             raise ValueError(f"node {node!r} has no uplink in lab {self.name} ({self.spec.describe()})")
         return self.plan.uplink(node)
-
-
-def remove_stale_labs() -> list[str]:
-    """Remove every lab whose owner process is gone (killed before it could clean up); return
-    their names. Labs of running processes and labs made by ``lab up`` are left alone."""
-    removed = []
-    for record in registry.records():
-        if not record.owner_alive():
-            left = iproute.destroy(record.plan)
-            if not left:
-                registry.forget(record.name)
-                removed.append(record.name)
-    return removed
-
-
-def remove_labs_of(pid: int) -> list[str]:
-    """Remove the labs that process ``pid`` owns (a test session's finalizer: ``os.getpid()``)."""
-    removed = []
-    for record in registry.records():
-        if record.owner_pid == pid:
-            if not iproute.destroy(record.plan):
-                registry.forget(record.name)
-                removed.append(record.name)
-    return removed
 
 
 def _in_namespace(namespace: str, argv: Sequence[str]) -> list[str]:

@@ -143,11 +143,13 @@ def _kill_processes_in(namespace: str) -> None:
 
 
 def _write_hosts_file(plan: Plan, host: int) -> None:
-    """Name every lab address (and this machine's hostname as this host), so reverse lookups
-    of peers succeed: gloo otherwise warns that it cannot get a client socket's hostname."""
+    """Name every lab address, also in its IPv6-mapped form (how a dual-stack listener such as
+    torch's TCPStore sees a peer), and this machine's hostname as this host: reverse lookups
+    of peers then succeed, where c10d otherwise warns that it cannot get a client's hostname."""
     folder = NETNS_ETC / plan.host_namespace(host)
     folder.mkdir(parents=True, exist_ok=True)
     lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
-    lines += [f"{plan.address(h)} {plan.host_namespace(h)}" + (f" {os.uname().nodename}" if h == host else "")
-              for h in range(plan.spec.hosts)]
+    for h in range(plan.spec.hosts):
+        names = f"{plan.host_namespace(h)} {plan.host_name(h)}" + (f" {os.uname().nodename}" if h == host else "")
+        lines += [f"{plan.address(h)} {names}", f"::ffff:{plan.address(h)} {names}"]
     (folder / "hosts").write_text("\n".join(lines) + "\n")

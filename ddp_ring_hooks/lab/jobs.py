@@ -55,10 +55,16 @@ class Job:
     ``[host i]``. ``what`` names the job in errors.
     """
 
-    def __init__(self, processes: Mapping[int, subprocess.Popen], *, echo: bool, what: str) -> None:
+    def __init__(
+        self, processes: Mapping[int, subprocess.Popen], *, echo: bool, what: str,
+        helpers: Mapping[str, subprocess.Popen] | None = None,
+    ) -> None:
         self.processes = dict(processes)
         self._what = what
         self._readers = {host: _Reader(host, process, echo) for host, process in self.processes.items()}
+        # Processes that serve the job (the rendezvous store) until its hosts are done: they
+        # must not end before, and are stopped after.
+        self._helpers = {name: (process, _Reader(name, process, echo=False)) for name, process in (helpers or {}).items()}
 
     def wait(self, *, timeout: float | None = 600.0, check: bool = True) -> list[HostResult]:
         """Wait for every host's process; one result per host, by host.
@@ -67,6 +73,12 @@ class Job:
         failed, the others get :data:`GRACE_AFTER_FAILURE_S` seconds, then are killed. Past
         ``timeout`` seconds every process is killed and :class:`LabTimeout` raised.
         """
+        try:
+            return self._wait(timeout, check)
+        finally:  # the helpers; and on Ctrl-C everything (each process has a session of its own)
+            self.kill()
+
+    def _wait(self, timeout: float | None, check: bool) -> list[HostResult]:
         deadline = None if timeout is None else time.monotonic() + timeout
         first_failure, failure_deadline = None, float("inf")
         while self.running():
@@ -76,6 +88,12 @@ class Job:
                 self.kill()
                 raise LabTimeout(f"{self._what}: host(s) {running} still running after {timeout:g} s; "
                                  "killed every host's process" + self._tails(running))
+            for name, (helper, reader) in self._helpers.items():
+                if helper.poll() is not None:
+                    self.kill()
+                    output = reader.result()
+                    raise LabError(f"{self._what}: the {name} ended (exit code {helper.returncode}) before the job: "
+                                   f"{(output.stdout + output.stderr).strip()[-_TAIL_CHARACTERS:]}")
             if first_failure is None:
                 failed = [host for host, process in self.processes.items() if process.poll() not in (None, 0)]
                 if failed:
@@ -83,7 +101,7 @@ class Job:
             elif now > failure_deadline:
                 break
             time.sleep(0.05)
-        self.kill()  # after a failure: whoever still waits for the failed host
+        self.kill()  # after a failure: whoever still waits for the failed host; the helpers
         results = [self._readers[host].result() for host in sorted(self.processes)]
         failed = [r.host for r in results if r.returncode != 0]
         if check and failed:
@@ -97,15 +115,8 @@ class Job:
         return sorted(host for host, process in self.processes.items() if process.poll() is None)
 
     def kill(self) -> None:
-        """SIGKILL every host's process that still runs, with everything it started."""
-        for process in self.processes.values():
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)  # its own session: the process and its children
-                except ProcessLookupError:
-                    pass
-        for process in self.processes.values():
-            process.wait()
+        """SIGKILL every process of the job that still runs, with everything it started."""
+        _kill([*self.processes.values(), *(process for process, _ in self._helpers.values())])
 
     def _tails(self, hosts: list[int]) -> str:
         parts = []
@@ -116,10 +127,22 @@ class Job:
         return "".join(parts)
 
 
+def _kill(processes) -> None:
+    """SIGKILL each process that still runs, with what it started (each has a session of its own)."""
+    for process in processes:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for process in processes:
+        process.wait()
+
+
 class _Reader:
     """Drains one process's stdout and stderr on two threads, keeping and echoing the lines."""
 
-    def __init__(self, host: int, process: subprocess.Popen, echo: bool) -> None:
+    def __init__(self, host: int | str, process: subprocess.Popen, echo: bool) -> None:
         self._host, self._process = host, process
         self._lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
         prefix = "" if host == 0 else f"[host {host}] "

@@ -95,18 +95,18 @@ def lab_spec(
             raise ValueError(f"slow host {host!r} is not a host of this lab; hosts are numbered 0 to {hosts - 1}")
     if nodes is None:
         if uplink is not None or placement is not None:
-            raise ValueError("uplink and placement describe a two-tier lab; give nodes=M as well")
+            raise ValueError("uplink and placement describe a two-tier lab; give nodes=M (--nodes M) as well")
         if link is None and not slow:
-            raise ValueError("a flat lab needs link=RATE (e.g. link='400Mbit'): without it nothing is shaped")
+            raise ValueError("a flat lab needs link=RATE (--link RATE), e.g. 400Mbit: without it nothing is shaped")
         return LabSpec(hosts=hosts, link=_rate(link), slow=_slow(slow))
     if not isinstance(nodes, int) or not 1 <= nodes <= hosts:
         raise ValueError(f"nodes must be a whole number from 1 to hosts ({hosts}), got {nodes!r}")
     if uplink is None:
-        raise ValueError(f"nodes={nodes} needs uplink=RATE (e.g. uplink='400Mbit'): the link from each node to the core switch")
+        raise ValueError(f"nodes={nodes} needs uplink=RATE (--uplink RATE), e.g. 400Mbit: the link from each node to the core switch")
     if placement is None:
         if hosts % nodes:
             raise ValueError(f"{hosts} hosts do not split evenly into {nodes} nodes; give placement=(node of host 0, "
-                             "node of host 1, ...) to place them yourself")
+                             "node of host 1, ...) (--placement 0,0,1,...) to place them yourself")
         placement = [host // (hosts // nodes) for host in range(hosts)]  # numbered node by node
     placement = tuple(placement)
     if len(placement) != hosts or not all(isinstance(n, int) and 0 <= n < nodes for n in placement):
@@ -178,6 +178,11 @@ class Plan:
 
     def address(self, host: int) -> str:
         return self._address(host + 1)
+
+    def host_name(self, host: int) -> str:
+        """``host``'s name in every host's ``/etc/hosts`` (``drh0-host007``): zero-padded, so
+        that names sort in host order (torchrun's c10d rendezvous ranks its agents that way)."""
+        return f"{self.name}-host{host:03d}"
 
     def node_of(self, host: int) -> int:
         """The node that holds ``host`` (on a flat lab, each host is its own node)."""

@@ -222,7 +222,7 @@ def test_links_move_bytes_at_the_shaped_rate(lab_machine):
         assert [lab.node_of(h) for h in range(4)] == [0, 0, 1, 1]
         assert transfer_ratio(lab, 0, 2, "200Mbit") == pytest.approx(1.0, abs=0.15)  # across the two uplinks
         assert transfer_ratio(lab, 1, 0, "200Mbit") < 0.25  # inside a node: unshaped
-        assert transfer_ratio(lab, 2, 3, "50Mbit", nbytes=MiB) == pytest.approx(1.0, abs=0.15)  # the slow host
+        assert transfer_ratio(lab, 2, 3, "50Mbit", nbytes=2 * MiB) == pytest.approx(1.0, abs=0.15)  # the slow host
 
 
 def assert_all_reduce_correct(lab: EmulatedCluster) -> None:

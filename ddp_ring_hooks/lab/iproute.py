@@ -21,13 +21,14 @@ from .topology import Link, Plan
 #: Where ``ip netns exec`` finds per-namespace files it mounts over ``/etc`` (``hosts`` here).
 NETNS_ETC = Path("/etc/netns")
 
-# tbf: a bucket of 1 ms at the rate, at least 64 KiB (one GSO segment), and a queue of 5 ms.
-# A bigger bucket lets a small message through faster than the link could carry it (5 ms at
-# 400 Mbit/s: 1 MiB in 0.90x the time the rate allows); a smaller one starves the flow (8 KB:
-# 16 MiB in 1.09x). Measured on this kernel, 400 Mbit/s, one TCP flow, best of 3: 256 KiB in
-# 1.19x, 1 MiB in 1.07x, 16 MiB in 1.05x (TCP/IP headers alone are 4.5% of a full frame).
-_BURST_SECONDS = 0.001
-_MIN_BURST_BYTES = 64 * 1024
+# tbf: a bucket of 5 ms at the rate, at least 128 KiB (two 64 KiB GSO packets), and a queue of
+# 5 ms. A smaller bucket starves full-duplex TCP, since a 64 KiB GSO packet waits for a full
+# bucket while the other direction's ACKs keep draining it: measured at 400 Mbit/s, gloo's
+# 16 MiB all-reduce between 2 hosts took 1.5-2.2x the link limit with a 64 KiB bucket and
+# 1.03-1.06x with 250 KB (5 ms). The price: one bucket passes at link speed plus its size, so a
+# transfer of about 1 MiB reads ~10% faster than the rate allows.
+_BURST_SECONDS = 0.005
+_MIN_BURST_BYTES = 128 * 1024
 _QUEUE_LATENCY = "5ms"
 
 

@@ -141,7 +141,8 @@ class EmulatedCluster:
             if len(kept) != 1:
                 made = ", ".join(record.name for record in kept)
                 raise LabError("no lab made by `ddp-ring-hooks lab up` is running; start one with "
-                               "`ddp-ring-hooks lab up --hosts 2 --link 400Mbit`" if not kept else
+                               "`ddp-ring-hooks lab up --hosts 2 --link 400Mbit`, or give `lab run` and "
+                               "`lab torchrun` --hosts (and --link) for a lab of their own" if not kept else
                                f"several labs made by `lab up` are running ({made}); name one")
             record = kept[0]
         else:

@@ -3,21 +3,26 @@
     ddp-ring-hooks bench --nproc 4 -b 4K -e 64M -f 2               # spawns 4 local gloo ranks
     torchrun --standalone --nproc_per_node=4 -m ddp_ring_hooks bench -b 1M -e 1G    # NCCL on GPUs
     ddp-ring-hooks bench --nproc 2 --algorithms ring,native --rounds 5 --json bench.json --plot bench.png
+    ddp-ring-hooks lab torchrun --hosts 4 --link 400Mbit -m ddp_ring_hooks bench -b 1M -e 64M   # a real network
 
 Columns as in nccl-tests: size (bytes), count (elements), time (us, slowest rank), algbw and
 busbw (GB/s, 1e9 bytes; busbw = algbw · 2(p-1)/p), #wrong (elements off the float64 sum by
-more than the rounding bound). Exit status 1 when a value is wrong, 2 on bad arguments.
+more than the rounding bound). When the link's rate B is known (--link, or on the emulated
+lab, which says it in $DDP_RING_HOOKS_LAB_LINK), also limit(us) = 2(p-1)/p · size / B, the
+time no all-reduce can beat, and time / limit. Exit status 1 when a value is wrong, 2 on bad arguments.
 See :mod:`ddp_ring_hooks.bench` for how it measures.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch.distributed as dist
 
 from .. import bench
+from ..lab import LINK_ENVIRONMENT, format_rate, parse_rate
 from ..launch import run_on_ranks, under_torchrun
 from ..runtime.collectives import device_of
 from ..schedules import ALGORITHMS, check_given_options, get_algorithm, options_for
@@ -64,6 +69,10 @@ def add_parser(subparsers) -> None:
                             "spawned ranks always use gloo")
     ranks.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                        help="give up on a rank that waits longer than this for its peers (default: 600)")
+    ranks.add_argument("--link", metavar="RATE", default=os.environ.get(LINK_ENVIRONMENT),
+                       help="the rate of each rank's link, e.g. 400Mbit or 1Gbit: adds the link limit "
+                            f"2(p-1)/p * size / RATE next to each time (default: ${LINK_ENVIRONMENT}, "
+                            "which the emulated lab sets; else none)")
     output = parser.add_argument_group("output (written by rank 0)")
     output.add_argument("--json", metavar="PATH",
                         help="write the records as JSON: one object per (algorithm, world_size, nbytes)")
@@ -85,10 +94,12 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("need -w >= 0, -n >= 1 and --rounds >= 1")
         if not under_torchrun() and args.nproc < 2:
             raise ValueError(f"--nproc must be at least 2 to communicate, got {args.nproc}")
+        link = parse_rate(args.link) if args.link else None
     except ValueError as error:
         return fail("bench", str(error))
     wrong = run_on_ranks(
-        _bench_on_rank, args, sizes, algorithms, options, nproc=args.nproc, backend=args.backend, timeout_s=args.timeout
+        _bench_on_rank, args, sizes, algorithms, options, link,
+        nproc=args.nproc, backend=args.backend, timeout_s=args.timeout,
     )
     return 1 if wrong else 0
 
@@ -108,7 +119,9 @@ def options_per_algorithm(given: dict[str, object], algorithms: list[str]) -> di
     return {name: dict(given) if name == bench.AUTO else options_for(name, given) for name in algorithms}
 
 
-def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[str], options: dict[str, dict]) -> int:
+def _bench_on_rank(
+    args: argparse.Namespace, sizes: list[int], algorithms: list[str], options: dict[str, dict], link: int | None,
+) -> int:
     """Run the sweep; rank 0 prints and writes the outputs. Returns the wrong values' count."""
     rank = dist.get_rank()
     device = device_of(None)
@@ -120,13 +133,17 @@ def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[
             f"{args.datatype}, warm-up {args.warmup_iters}, iterations {args.iters}, rounds {args.rounds}\n"
             "# time: mean of the timed calls on the slowest rank (median over rounds); "
             "GB/s = 1e9 B/s; busbw = algbw * 2(p-1)/p\n"
-            "# #wrong: elements where |result - exact float64 sum| > (p-1) * eps * sum_r |x_r|\n#",
+            "# #wrong: elements where |result - exact float64 sum| > (p-1) * eps * sum_r |x_r|"
+            + (f"\n# link {format_rate(link)}: limit = 2(p-1)/p * size / link, the time no all-reduce beats; "
+               "x limit = time / limit" if link else "") + "\n#",
             flush=True,
         )
     records = bench.run_sweep(
         sizes, algorithms=algorithms, dtype=dtype, warmup=args.warmup_iters, iters=args.iters,
         rounds=args.rounds, device=device, options=options, progress=rank == 0 and not args.no_progress,
     )
+    if link:
+        records = bench.with_link_limit(records, link_bits_per_s=link)
     wrong = sum(r.wrong for r in records)  # the same on every rank
     if rank != 0:
         return wrong

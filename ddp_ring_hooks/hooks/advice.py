@@ -19,6 +19,14 @@ def advise_state(state, **options) -> dict:
     return advise(state.timeline.records(), **options)
 
 
+def advice_text(state) -> str:
+    """The advisor's table for a hook state, or why there is none (too few steps)."""
+    try:
+        return "communication advice (ddp_ring_hooks advisor):\n" + format_advice(state.advise())
+    except ValueError as error:
+        return f"communication advice: none ({error})"
+
+
 def close_timeline(state) -> None:
     """Close the state's timeline; on the group's rank 0 with a ``log_dir``, write the advice panel first."""
     timeline = state.timeline
@@ -28,18 +36,20 @@ def close_timeline(state) -> None:
         except ValueError as error:  # too few steps, nothing measured: say why
             text = f"no advice: {error}"
         try:
-            _write_text(timeline.directory, text)
+            write_advice_panel(timeline.directory, text)
         except Exception as error:  # noqa: BLE001 - advice must never break closing
             warnings.warn(f"could not write the {ADVICE_TAG} panel: {error!r}", stacklevel=2)
     timeline.close()
 
 
-def _write_text(log_dir: str, text: str) -> None:
+def write_advice_panel(log_dir: str, text: str, *, step: int = 0) -> None:
+    """Write ``text`` as the ``comm/advice`` panel of the TensorBoard run in ``log_dir`` (an
+    event file of its own, next to whatever else writes there)."""
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(log_dir=log_dir, filename_suffix=".advice")
     try:
-        writer.add_text(ADVICE_TAG, advice_panel(text), global_step=0)
+        writer.add_text(ADVICE_TAG, advice_panel(text), global_step=step)
     finally:
         writer.close()
 

@@ -99,5 +99,6 @@ def _advice_for(model: nn.Module) -> str:
         )
     return (
         "wrap it first: DistributedDataParallel(model); where a framework wraps it (accelerator.prepare, "
-        "fabric.setup, the transformers Trainer), register what the framework returns"
+        "fabric.setup, the transformers Trainer), register what the framework returns. A framework that "
+        "leaves it unwrapped runs each process on its own (Accelerate does on CPU unless Accelerator(cpu=True))"
     )

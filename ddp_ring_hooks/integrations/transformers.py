@@ -1,0 +1,136 @@
+"""transformers' ``Trainer`` with the ring hook: one callback, timing in the Trainer's own run.
+
+::
+
+    from ddp_ring_hooks.integrations.transformers import RingHookCallback
+
+    trainer = Trainer(model=model, args=TrainingArguments(..., report_to="tensorboard"), train_dataset=data)
+    trainer.add_callback(RingHookCallback(trainer, algorithm="ring"))
+    trainer.train()                              # torchrun --nproc_per_node=N train.py
+
+Why a callback that holds the trainer: the Trainer has no communication-hook option, builds
+its own DDP settings (through Accelerate), and hands callbacks the *unwrapped* model, so
+neither the arguments nor a callback's ``model`` reach the DDP. ``trainer.model_wrapped``
+does: from ``on_train_begin`` on it is the DDP model (or ``torch.compile``'s wrapper around
+it), and no backward has run yet, the moment DDP allows a hook to be registered.
+
+1. ``on_train_begin`` finds the DDP in ``trainer.model_wrapped`` and registers the hook with
+   ``register_options`` (those of :func:`ddp_ring_hooks.register`). A second ``train()``
+   keeps the same DDP, so the same hook state goes on; a new DDP (``auto_find_batch_size``
+   builds one per try) gets a hook of its own. The hook's step counter starts at the
+   Trainer's ``global_step``, so a resumed run continues its curves.
+2. Timing goes into the Trainer's TensorBoard run (``report_to="tensorboard"``: the
+   directory its ``TensorBoardCallback`` writes to), as ``comm/*`` next to ``train/loss``,
+   on the same x axis; ``log_dir=`` puts it elsewhere; with neither, nothing is written.
+3. ``on_train_end``: rank 0 prints the per-bucket summary and the advisor's advice, and adds
+   the advice as the ``comm/advice`` text panel to the run.
+
+How the steps line up with ``gradient_accumulation_steps=3``::
+
+    micro-batch        1        2        3    |    4        5        6    |
+    DDP                no_sync  no_sync  sync |    no_sync  no_sync  sync |
+    ring_hook                          buckets|                   buckets|
+    global_step (x)                      1    |                     2    |
+
+The Trainer logs the loss of optimizer step N at ``global_step`` N, and the hook's reduction
+of step N is its step N.
+
+This is the only module of the package that imports transformers.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import Any
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from transformers import TrainerCallback
+from transformers.integrations import TensorBoardCallback
+
+from ..hooks import HookState, register
+from ..hooks.advice import advice_text, write_advice_panel
+from ..hooks.unwrap import find_ddp
+
+
+class RingHookCallback(TrainerCallback):
+    """Attach :func:`~ddp_ring_hooks.ring_hook` to the DDP model a transformers ``Trainer`` trains.
+
+    Args:
+        trainer: the ``Trainer`` (its ``model_wrapped`` is the DDP model once training starts).
+        print_summary: print the per-bucket summary and the advice at the end of training (rank 0).
+        **register_options: what :func:`ddp_ring_hooks.register` takes (``algorithm=``,
+            ``log_every=``, ``spread_every=``, ...); ``log_dir=`` overrides the Trainer's run.
+
+    After ``on_train_begin``, :attr:`hook_state` is the :class:`~ddp_ring_hooks.HookState`
+    (for ``summary()``, ``advise()``, ``state_dict()``) and :attr:`log_dir` where it logs.
+    """
+
+    def __init__(self, trainer: Any, *, print_summary: bool = True, **register_options: Any) -> None:
+        if not hasattr(trainer, "model_wrapped"):
+            raise TypeError(
+                f"RingHookCallback(trainer, ...) needs the transformers Trainer whose model it hooks (callbacks "
+                f"are handed the unwrapped model, not the DDP); got {type(trainer).__name__}"
+            )
+        self.trainer = trainer
+        self.print_summary = print_summary
+        self.register_options = register_options
+        self.hook_state: HookState | None = None
+        self.log_dir: str | None = None
+        self._hooked: weakref.ref | None = None  # the DDP model hooked (weak: the Trainer may free it)
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        ddp = self._trainer_ddp()
+        if self._hooked is None or self._hooked() is not ddp:
+            if self.hook_state is not None:  # a new DDP model for the same trainer
+                self.hook_state.close()
+            self.log_dir = self.register_options.get("log_dir") or self._trainer_log_dir(ddp.process_group)
+            self.hook_state = register(ddp, **{**self.register_options, "log_dir": self.log_dir})
+            self._hooked = weakref.ref(ddp)
+            if ddp.find_unused_parameters and state.is_world_process_zero:
+                warnings.warn(
+                    "the Trainer built DDP with find_unused_parameters=True (its default for models without "
+                    "gradient checkpointing): every backward runs one more all-reduce and DDP never rebuilds "
+                    "its buckets. When every parameter gets a gradient, pass "
+                    "TrainingArguments(ddp_find_unused_parameters=False)", stacklevel=2,
+                )
+        self.hook_state.iteration = state.global_step
+
+    def on_train_end(self, args, state, control, **kwargs) -> None:
+        if self.hook_state is None:
+            return
+        summary = self.hook_state.summary()  # every rank: waits until its telemetry is written
+        if not state.is_world_process_zero:
+            return
+        advice = advice_text(self.hook_state)
+        if self.print_summary:
+            print(f"communication per bucket (ddp_ring_hooks, {self.hook_state.algorithm}):\n{summary}\n{advice}")
+        if self.log_dir is not None:
+            write_advice_panel(self.log_dir, advice, step=state.global_step)
+
+    def _trainer_ddp(self) -> DistributedDataParallel:
+        try:
+            return find_ddp(self.trainer.model_wrapped)
+        except (TypeError, ValueError) as error:
+            raise ValueError(
+                f"RingHookCallback hooks the DDP model the Trainer trains, but {error}. (The Trainer wraps the "
+                "model in DistributedDataParallel when it runs in 2 or more processes without fsdp= or deepspeed=.)"
+            ) from error
+
+    def _trainer_log_dir(self, group: dist.ProcessGroup) -> str | None:
+        """The directory of the Trainer's TensorBoard run, the same on every rank, or None
+        without one. Only rank 0's ``TensorBoardCallback`` opens its writer, so rank 0 tells
+        the others (collective over the DDP model's group)."""
+        board = next((cb for cb in self.trainer.callback_handler.callbacks if isinstance(cb, TensorBoardCallback)), None)
+        if board is None:
+            return None
+        directory = [board.tb_writer.get_logdir() if board.tb_writer is not None else None]
+        dist.broadcast_object_list(directory, group=group, group_src=0)
+        if directory[0] is None:
+            raise RuntimeError(
+                "the Trainer's TensorBoardCallback had not opened its run when RingHookCallback registered the "
+                "hook (it must come first among the callbacks, as report_to='tensorboard' puts it); or pass "
+                "log_dir= to RingHookCallback"
+            )
+        return directory[0]

@@ -36,20 +36,18 @@ def close_timeline(state) -> None:
         except ValueError as error:  # too few steps, nothing measured: say why
             text = f"no advice: {error}"
         try:
-            write_advice_panel(timeline.directory, text)
+            _write_text(timeline.directory, text)
         except Exception as error:  # noqa: BLE001 - advice must never break closing
             warnings.warn(f"could not write the {ADVICE_TAG} panel: {error!r}", stacklevel=2)
     timeline.close()
 
 
-def write_advice_panel(log_dir: str, text: str, *, step: int = 0) -> None:
-    """Write ``text`` as the ``comm/advice`` panel of the TensorBoard run in ``log_dir`` (an
-    event file of its own, next to whatever else writes there)."""
+def _write_text(log_dir: str, text: str) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(log_dir=log_dir, filename_suffix=".advice")
     try:
-        writer.add_text(ADVICE_TAG, advice_panel(text), global_step=step)
+        writer.add_text(ADVICE_TAG, advice_panel(text), global_step=0)
     finally:
         writer.close()
 

@@ -15,15 +15,18 @@ does: from ``on_train_begin`` on it is the DDP model (or ``torch.compile``'s wra
 it), and no backward has run yet, the moment DDP allows a hook to be registered.
 
 1. ``on_train_begin`` finds the DDP in ``trainer.model_wrapped`` and registers the hook with
-   ``register_options`` (those of :func:`ddp_ring_hooks.register`). A second ``train()``
-   keeps the same DDP, so the same hook state goes on; a new DDP (``auto_find_batch_size``
-   builds one per try) gets a hook of its own. The hook's step counter starts at the
-   Trainer's ``global_step``, so a resumed run continues its curves.
+   ``register_options`` (those of :func:`ddp_ring_hooks.register`). The hook's step counter
+   starts at the Trainer's ``global_step``, so a resumed run continues its curves. A new DDP
+   (``auto_find_batch_size`` builds one per try) gets a hook of its own.
 2. Timing goes into the Trainer's TensorBoard run (``report_to="tensorboard"``: the
    directory its ``TensorBoardCallback`` writes to), as ``comm/*`` next to ``train/loss``,
    on the same x axis; ``log_dir=`` puts it elsewhere; with neither, nothing is written.
-3. ``on_train_end``: rank 0 prints the per-bucket summary and the advisor's advice, and adds
-   the advice as the ``comm/advice`` text panel to the run.
+3. ``on_train_end``: rank 0 prints the per-bucket summary and the advisor's advice, and the
+   hook state closes: its files complete, the advice added as the ``comm/advice`` text panel.
+
+A second ``train()`` on the same trainer keeps its DDP model, which keeps its hook (DDP takes
+one per model, once): the gradients are still averaged by it, but that ``train()`` is not
+timed, and a warning says so.
 
 How the steps line up with ``gradient_accumulation_steps=3``::
 
@@ -50,7 +53,7 @@ from transformers import TrainerCallback
 from transformers.integrations import TensorBoardCallback
 
 from ..hooks import HookState, register
-from ..hooks.advice import advice_text, write_advice_panel
+from ..hooks.advice import advice_text
 from ..hooks.unwrap import find_ddp
 
 
@@ -64,7 +67,8 @@ class RingHookCallback(TrainerCallback):
             ``log_every=``, ``spread_every=``, ...); ``log_dir=`` overrides the Trainer's run.
 
     After ``on_train_begin``, :attr:`hook_state` is the :class:`~ddp_ring_hooks.HookState`
-    (for ``summary()``, ``advise()``, ``state_dict()``) and :attr:`log_dir` where it logs.
+    (``summary()``, ``advise()``, ``state_dict()``; closed at ``on_train_end``) and
+    :attr:`log_dir` where it logs.
     """
 
     def __init__(self, trainer: Any, *, print_summary: bool = True, **register_options: Any) -> None:
@@ -79,15 +83,23 @@ class RingHookCallback(TrainerCallback):
         self.hook_state: HookState | None = None
         self.log_dir: str | None = None
         self._hooked: weakref.ref | None = None  # the DDP model hooked (weak: the Trainer may free it)
+        self._timing = False  # between registering and the end of that train()
 
     def on_train_begin(self, args, state, control, **kwargs) -> None:
         ddp = self._trainer_ddp()
-        if self._hooked is None or self._hooked() is not ddp:
-            if self.hook_state is not None:  # a new DDP model for the same trainer
-                self.hook_state.close()
+        if self._hooked is not None and self._hooked() is ddp:
+            if state.is_world_process_zero:
+                warnings.warn(
+                    "this train() runs the DDP model of the previous one, whose hook state closed when that "
+                    "train() ended: ring_hook still averages the gradients, but this train() is not timed "
+                    "(DDP takes one hook per model, once). A new Trainer gets a new DDP model and a timed hook",
+                    stacklevel=2,
+                )
+        else:
             self.log_dir = self.register_options.get("log_dir") or self._trainer_log_dir(ddp.process_group)
             self.hook_state = register(ddp, **{**self.register_options, "log_dir": self.log_dir})
             self._hooked = weakref.ref(ddp)
+            self._timing = True
             if ddp.find_unused_parameters and state.is_world_process_zero:
                 warnings.warn(
                     "the Trainer built DDP with find_unused_parameters=True (its default for models without "
@@ -98,16 +110,12 @@ class RingHookCallback(TrainerCallback):
         self.hook_state.iteration = state.global_step
 
     def on_train_end(self, args, state, control, **kwargs) -> None:
-        if self.hook_state is None:
+        if not self._timing:  # a train() after the first on the same DDP model: nothing was timed
             return
-        summary = self.hook_state.summary()  # every rank: waits until its telemetry is written
-        if not state.is_world_process_zero:
-            return
-        advice = advice_text(self.hook_state)
-        if self.print_summary:
-            print(f"communication per bucket (ddp_ring_hooks, {self.hook_state.algorithm}):\n{summary}\n{advice}")
-        if self.log_dir is not None:
-            write_advice_panel(self.log_dir, advice, step=state.global_step)
+        self._timing = False
+        self.hook_state.close()  # every rank: its files complete; rank 0 adds the comm/advice panel
+        if self.print_summary and state.is_world_process_zero:
+            print(f"{self.hook_state.summary()}\n{advice_text(self.hook_state)}")
 
     def _trainer_ddp(self) -> DistributedDataParallel:
         try:

@@ -171,7 +171,7 @@ def accelerate_checks(out: Path) -> dict:
     generator = torch.Generator().manual_seed(dist.get_rank())
     inputs, targets = torch.randn(128, features, generator=generator), torch.randn(128, 1, generator=generator)
 
-    def train(algorithm: str, backend: str | None):
+    def train(algorithm: str, backend: str | None, run: str):
         accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2, dynamo_backend=backend)
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(features, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
@@ -179,8 +179,7 @@ def accelerate_checks(out: Path) -> dict:
         model, optimizer, data = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05), data)
         state = None
         if algorithm != "none":
-            log_dir = out / "runs" / f"accelerate_{algorithm}_{backend or 'eager'}"
-            state = ddp_ring_hooks.register(model, algorithm=algorithm, log_dir=str(log_dir))
+            state = ddp_ring_hooks.register(model, algorithm=algorithm, log_dir=str(out / "runs" / run))
         losses = []
         for x, y in data:
             with accelerator.accumulate(model):
@@ -199,7 +198,7 @@ def accelerate_checks(out: Path) -> dict:
             AcceleratorState._reset_state()
         reference = None
         for algorithm in ALGORITHMS:
-            accelerator, model, state, losses = train(algorithm, backend)
+            accelerator, model, state, losses = train(algorithm, backend, f"accelerate_{algorithm}_{backend or 'eager'}")
             parameters = snapshot(model)
             reference = reference or parameters
             results["runs"][f"{algorithm}/{backend or 'eager'}"] = {
@@ -212,7 +211,7 @@ def accelerate_checks(out: Path) -> dict:
             if state is not None:
                 state.close()
     # save_state / load_state through Accelerate's own files: the step counter comes back.
-    accelerator, model, state, _ = train("ring", None)
+    accelerator, model, state, _ = train("ring", None, "accelerate_checkpoint")
     accelerator.register_for_checkpointing(state)
     accelerator.save_state(str(out / "checkpoint_ring"))
     accelerator.wait_for_everyone()  # rank 0 writes the files the others load

@@ -51,11 +51,14 @@ def torchrun(script: Path, *arguments: str, cwd: Path, timeout: float) -> str:
     return output
 
 
-def launch(framework: str, out: Path, *, timeout: float) -> list[dict]:
-    """Run the framework's checks on 2 ranks; every rank's report (the output in ``out/output.txt``)."""
+def launch(tmp_path_factory, framework: str, *, needs: str, timeout: float) -> tuple[Path, list[dict]]:
+    """Run the framework's checks on 2 ranks (skipped without the package ``needs``): the
+    directory they worked in (the output in ``output.txt``) and every rank's report."""
+    pytest.importorskip(needs)
+    out = tmp_path_factory.mktemp(framework)
     output = torchrun(CHECKS, framework, "--out", str(out), cwd=out, timeout=timeout)
     (out / "output.txt").write_text(output)
-    return [json.loads((out / f"{framework}_rank{rank}.json").read_text()) for rank in range(2)]
+    return out, [json.loads((out / f"{framework}_rank{rank}.json").read_text()) for rank in range(2)]
 
 
 def scalars(run_dir: Path) -> dict[str, list[int]]:
@@ -92,9 +95,7 @@ def assert_comm_tags_on_steps(run_dir: Path, steps: list[int], *, next_to: str |
 
 @pytest.fixture(scope="module")
 def transformers_run(tmp_path_factory) -> tuple[Path, list[dict]]:
-    pytest.importorskip("transformers")
-    out = tmp_path_factory.mktemp("transformers")
-    return out, launch("transformers", out, timeout=240)
+    return launch(tmp_path_factory, "transformers", needs="transformers", timeout=240)
 
 
 def test_trainer_runs_the_hook_and_native_matches_no_hook(transformers_run):
@@ -147,9 +148,7 @@ def test_trainer_callback_errors_say_what_is_wrong(transformers_run):
 
 @pytest.fixture(scope="module")
 def accelerate_run(tmp_path_factory) -> tuple[Path, list[dict]]:
-    pytest.importorskip("accelerate")
-    out = tmp_path_factory.mktemp("accelerate")
-    return out, launch("accelerate", out, timeout=300)
+    return launch(tmp_path_factory, "accelerate", needs="accelerate", timeout=300)
 
 
 @pytest.mark.parametrize("mode", ["eager", "compiled"])
@@ -197,9 +196,7 @@ def test_plain_ddp_recipe_runs_as_printed_and_logs_comm_tags(tmp_path):
 
 @pytest.fixture(scope="module")
 def fabric_run(tmp_path_factory) -> tuple[Path, list[dict]]:
-    pytest.importorskip("lightning")
-    out = tmp_path_factory.mktemp("fabric")
-    return out, launch("fabric", out, timeout=240)
+    return launch(tmp_path_factory, "fabric", needs="lightning", timeout=240)
 
 
 def test_fabric_strategy_runs_the_hook_and_native_matches_no_hook(fabric_run):

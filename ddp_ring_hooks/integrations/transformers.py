@@ -64,7 +64,8 @@ class RingHookCallback(TrainerCallback):
         trainer: the ``Trainer`` (its ``model_wrapped`` is the DDP model once training starts).
         print_summary: print the per-bucket summary and the advice at the end of training (rank 0).
         **register_options: what :func:`ddp_ring_hooks.register` takes (``algorithm=``,
-            ``log_every=``, ``spread_every=``, ...); ``log_dir=`` overrides the Trainer's run.
+            ``log_every=``, ``spread_every=``, ...); ``log_dir=`` writes there instead of the
+            Trainer's TensorBoard run (``log_dir=None``: no files).
 
     After ``on_train_begin``, :attr:`hook_state` is the :class:`~ddp_ring_hooks.HookState`
     (``summary()``, ``advise()``, ``state_dict()``; closed at ``on_train_end``) and
@@ -96,7 +97,8 @@ class RingHookCallback(TrainerCallback):
                     stacklevel=2,
                 )
         else:
-            self.log_dir = self.register_options.get("log_dir") or self._trainer_log_dir(ddp.process_group)
+            given = "log_dir" in self.register_options  # log_dir=None: no files, even with the Trainer's run
+            self.log_dir = self.register_options["log_dir"] if given else self._trainer_log_dir(ddp.process_group)
             self.hook_state = register(ddp, **{**self.register_options, "log_dir": self.log_dir})
             self._hooked = weakref.ref(ddp)
             self._timing = True

@@ -44,6 +44,7 @@ from ..runtime.selection import AUTO, AutoSelector, auto_option_names
 from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options
 from ..telemetry import TELEMETRY_OPTIONS, Sink, Telemetry
 from ..telemetry.timeline import Timeline
+from . import checkpoint
 from .advice import advise_state, close_timeline
 from .arrivals import ArrivalGather
 from .errors import HookFailedError
@@ -356,6 +357,18 @@ class HookState:
         """What to change (bucket size, accumulation, algorithm, world size), predicted from this
         run's timeline; see :func:`ddp_ring_hooks.advisor.advise` (``network=`` costs another cluster)."""
         return advise_state(self, **options)
+
+    # -- checkpoints --------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of this state, as plain values (``accelerator.register_for_checkpointing(state)``
+        works with it); what is saved and what deliberately not: :mod:`~ddp_ring_hooks.hooks.checkpoint`."""
+        return checkpoint.state_dict_of(self)
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        """Continue from a :meth:`state_dict`: the step counter, and ``auto``'s calibration where
+        it applies; the algorithm and telemetry stay as registered (see :mod:`~ddp_ring_hooks.hooks.checkpoint`)."""
+        checkpoint.load_state_dict_into(self, state_dict)
 
     # -- pickling ------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ logger with the winner's margin over the runner-up. Ties go to the candidate lis
 
 from __future__ import annotations
 
+import copy
 import difflib
 import logging
 import statistics
@@ -233,6 +234,14 @@ class AutoSelector:
             for algorithm, fitted in calibration.items():
                 logger.info("auto: %s calibrated to alpha=%.1f us, beta=%.3f ns/B", algorithm, fitted.alpha * 1e6, fitted.beta * 1e9)
         return cls(calibration, world_size, candidates=candidates, **candidate_options)
+
+    def recalibrated(self, calibration: Mapping[str, Calibration]) -> AutoSelector:
+        """This selector with another calibration (one per candidate), e.g. one restored from a
+        checkpoint: the same candidates and options, choices made afresh."""
+        selector = copy.copy(self)
+        selector.calibration = {a: calibration[a] for a in self.candidates}
+        selector._choices = {}
+        return selector
 
     def predictions(self, nbytes: int) -> dict[str, float]:
         """Predicted seconds of every candidate for a bucket of ``nbytes``."""

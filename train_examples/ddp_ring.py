@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import ddp_ring_hooks
-from ddp_ring_hooks.runtime.names import accepted_algorithms
+from ddp_ring_hooks import accepted_algorithms
 
 
 def parse_args() -> argparse.Namespace:

@@ -194,7 +194,8 @@ def format_advice(advice: dict) -> str:
             continue
         lines.append(f"{title:<44} {'step ms':>9} {'comm ms':>9} {'exposed':>9} {'speedup':>8}")
         for r in rows:
-            label = f"{r['value']} (this run)" if r.get("this_run") else str(r["value"])
+            value = f"{r['value']:g}" if isinstance(r["value"], float) else str(r["value"])
+            label = f"{value} (this run)" if r.get("this_run") else value
             lines.append(f"  {label:<42} {r['step_ms']:>9.1f} {r['comm_ms']:>9.1f} "
                          f"{r['exposed_ms']:>9.1f} {r['speedup']:>7.2f}x")
         same_size = [r for r in rows if knob == "bucket_cap_mb" and model["default_bucket_cap"]

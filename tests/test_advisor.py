@@ -436,3 +436,17 @@ def test_contention_counts_what_the_busiest_rank_sends_for_every_algorithm():
     assert bytes_factor("halving_doubling", 3) == 2.0  # the fold's sender sends once; the formula's beta says 3
     assert bytes_factor("hierarchical", 8, local_size=4) == pytest.approx(1.75)
 
+
+
+def test_the_accuracy_benchmark_ends_with_a_verdict_per_model_and_target():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    try:
+        import advisor_accuracy
+    finally:
+        sys.path.pop(0)
+    assert advisor_accuracy.verdict_lines({"mlp": [0.047, 0.01, 0.285], "char-lm": [0.02, 0.03, 0.09]}) == [
+        "target mlp median |error| <= 10%: 4.7%, met",
+        "target mlp worst |error| <= 25%: 28.5%, missed",
+        "target char-lm median |error| <= 10%: 3.0%, met",
+        "target char-lm worst |error| <= 25%: 9.0%, met",
+    ]

@@ -1,5 +1,7 @@
 """The dependency rule, checked on the source: layers import only the layers below them.
 
+The rule is written once, in docs/architecture.md ("Layers and the dependency rule"); in short:
+
     schedules  ->  runtime  ->  hooks  ->  integrations, cli, train_examples
     (pure)       (torch.distributed)
     cost_model (pure), telemetry and viz are leaves that never import hooks.

@@ -15,51 +15,40 @@ import pytest
 
 pytest.importorskip("lightning")
 
+from .conftest import (
+    MAIN_JOB_ACCUMULATE as ACCUMULATE,
+    MAIN_JOB_MIN_MICRO_BATCHES as MIN_MICRO_BATCHES,
+    MAIN_JOB_STEPS as STEPS,
+    MAIN_JOB_WARMUP_STEPS as WARMUP_STEPS,
+    main_job_command,
+    checkout_environment,
+    run_main_job,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "train_examples" / "accumulation_sweep.py"
-ACCUMULATE = (1, 2)
-STEPS, WARMUP_STEPS = 3, 1
-MIN_MICRO_BATCHES = 6  # k=1 measures 6 steps, k=2 3 (at least STEPS)
+ENVIRONMENT = checkout_environment()
 
 
 def measured(k: int) -> int:
-    return max(STEPS, -(-MIN_MICRO_BATCHES // k))
+    return max(STEPS, -(-MIN_MICRO_BATCHES // k))  # k=1 measures 6 steps, k=2 3 (at least STEPS)
+
+
 RESULT_KEYS = {"accumulate_grad_batches", "samples_per_s", "comm_ms_per_optimizer_step", "comm_fraction", "speedup",
                "samples_per_s_spread", "speedup_by_round", "speedup_spread", "warnings"}
 
 
-# The checkout need not be installed: the package is found from the repository root.
-ENVIRONMENT = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-
-
-def _sweep_command(output: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SWEEP),
-        "--accumulate", ",".join(map(str, ACCUMULATE)), "--steps", str(STEPS), "--warmup-steps", str(WARMUP_STEPS),
-        "--min-micro-batches", str(MIN_MICRO_BATCHES),
-        "--warmup-fit-steps", "1", "--micro-batch", "2", "--seq-len", "16", "--width", "32", "--layers", "2",
-        "--heads", "2", "--bucket-cap-mb", "0.02", "--accelerator", "cpu", "--output-dir", str(output), *extra,
-    ]
-
-
-def _run_sweep(output: Path, *extra: str) -> subprocess.CompletedProcess:
-    finished = subprocess.run(_sweep_command(output, *extra), env=ENVIRONMENT, capture_output=True, text=True, timeout=240)
-    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    return finished
-
-
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory) -> dict:
-    """Two runs into one output directory: two rounds, then one round."""
-    output = tmp_path_factory.mktemp("sweep")
-    first = _run_sweep(output, "--rounds", "2")
+def sweep(main_job_run) -> dict:
+    """Two runs into one output directory: two rounds (the session's), then one round."""
+    output = main_job_run["output"]
     first_events = sorted(p.name for p in (output / "version_0").rglob("events.out.tfevents.*"))
-    second = _run_sweep(output, "--rounds", "1")
-    return {"output": output, "first": first, "second": second, "first_events": first_events}
+    second = run_main_job(output, "--rounds", "1")
+    return {"output": output, "first": main_job_run["stdout"], "second": second.stdout, "first_events": first_events}
 
 
 def test_results_json_holds_one_sane_record_per_setting(sweep):
-    assert "speedup vs k=1" in sweep["first"].stdout
+    assert "speedup vs k=1" in sweep["first"]
     records = json.loads((sweep["output"] / "version_0" / "results.json").read_text())
     assert [r["accumulate_grad_batches"] for r in records] == list(ACCUMULATE)
     for record in records:
@@ -84,7 +73,7 @@ def test_results_json_holds_one_sane_record_per_setting(sweep):
 
 
 def test_the_run_reports_the_machines_load_next_to_its_verdict(sweep):
-    out = sweep["first"].stdout
+    out = sweep["first"]
     verdict = out.index("These rounds do not agree") if "These rounds do not agree" in out else out.index("speedup vs k=1")
     machine = out.index("machine: load average ")
     assert machine > verdict and "at start" in out[machine:] and "on " in out[machine:] and " cores" in out[machine:]
@@ -103,7 +92,7 @@ def test_every_run_writes_the_timeline_and_advise_reads_the_version_directory(sw
         for round_index in range(2):
             lines = (run / f"accumulate_{k}" / f"round_{round_index}" / "timeline.jsonl").read_text().splitlines()
             assert json.loads(lines[0])["type"] == "run" and len(lines) == 1 + measured(k) + WARMUP_STEPS - 1
-    assert f"advice: ddp-ring-hooks advise {run}" in sweep["first"].stdout
+    assert f"advice: ddp-ring-hooks advise {run}" in sweep["first"]
     assert main(["advise", str(run)]) == 0
     out, err = capsys.readouterr()
     assert "holds 4 runs with a timeline: accumulate_1/round_0, accumulate_1/round_1, accumulate_2/round_0" in err
@@ -147,7 +136,7 @@ def test_ctrl_c_removes_the_partial_run_and_the_ranks_exit_without_a_traceback(t
     """Ctrl-C reaches torchrun and every rank at once (the terminal signals the process group)."""
     output = tmp_path / "runs"
     # No warm-up fit: the first timed fit starts sooner (and the run directory is made before it).
-    sweep = subprocess.Popen(_sweep_command(output, "--rounds", "3", "--warmup-fit-steps", "0"), env=ENVIRONMENT,
+    sweep = subprocess.Popen(main_job_command(output, "--rounds", "3", "--warmup-fit-steps", "0"), env=ENVIRONMENT,
                              start_new_session=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -193,10 +182,10 @@ def test_a_second_run_gets_a_fresh_version_directory(sweep):
     assert sorted(p.name for p in (output / "version_0").rglob("events.out.tfevents.*")) == sweep["first_events"]
     records = json.loads((output / "version_1" / "results.json").read_text())
     assert [r["rounds"] for r in records] == [1, 1]
-    assert str(output / "version_1") in sweep["second"].stdout
+    assert str(output / "version_1") in sweep["second"]
     # One round has no spread: the run says so instead of presenting one sample as a result.
-    assert "WARNING: one round only" in sweep["second"].stdout
-    assert "do not agree" not in sweep["second"].stdout  # one round cannot disagree with itself
+    assert "WARNING: one round only" in sweep["second"]
+    assert "do not agree" not in sweep["second"]  # one round cannot disagree with itself
 
 
 # -- the arithmetic, on the numbers of a run that misled a user ---------------------------------

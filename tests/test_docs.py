@@ -153,6 +153,14 @@ def _programs_of(words: list[str]) -> list[tuple[tuple[str, ...], list[str]]]:
         if not script.is_file():
             raise ValueError(f"no script {rest[0]} in the repository")
         return [((sys.executable, str(script)), rest[1:])]
+    if head == "ddp-ring-hooks" and rest[:2] == ["lab", "torchrun"]:
+        # The lab's own options, then torchrun's, then the script or -m module with its own.
+        lab = (sys.executable, "-m", "ddp_ring_hooks", "lab", "torchrun")
+        script = next(i for i, w in enumerate(rest) if w.endswith(".py") or w == "-m")
+        return [(lab, rest[2:script]), *_programs_of(["python", *rest[script:]])]
+    if head == "ddp-ring-hooks" and rest[:2] == ["lab", "run"] and "--" in rest:
+        # After "--" comes any command at all (sh -c ...): only the lab's options are checked.
+        return [((sys.executable, "-m", "ddp_ring_hooks", "lab", "run"), rest[2:rest.index("--")])]
     if head == "ddp-ring-hooks":
         return [((sys.executable, "-m", "ddp_ring_hooks", rest[0]), rest[1:])]
     if head == "tensorboard":

@@ -15,7 +15,7 @@ per-bucket recorder, the advisor's timeline, the arrivals gather, the profiler's
     launched(future)  (the last bucket of an exchanging step queues the exchange)
 
 Adding a watcher is a local change: a class with the methods below that it needs (each is a
-no-op here), listed in :meth:`Observation.__init__ <.observation.Observation>`. Hot-path
+no-op here), added to the tuple of watchers the observation builds (``Observation._start``). Hot-path
 methods (:meth:`~Watcher.wants_marks`, :meth:`~Watcher.on_bucket` and the observer they
 return) run on the training or communication thread: a comparison, a clock mark, an append;
 no I/O, no waiting, no lock held for long. Anything slower goes to a thread of the watcher's

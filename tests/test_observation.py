@@ -138,3 +138,74 @@ def test_a_state_pickles_its_options_and_refuses_formats_it_cannot_read(tmp_path
         HookState.__new__(HookState).__setstate__(newer)
     with pytest.raises(ValueError, match="too old to read"):
         HookState.__new__(HookState).__setstate__({"algorithm": "ring", "iteration": 0})
+
+
+def _a_watcher_of_its_own(rank: int, world_size: int):
+    """A watcher added beside the others hears every bucket, phase, step and exchange."""
+    import threading
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+    from ddp_ring_hooks.runtime import ExecutionObserver
+    from ddp_ring_hooks.telemetry import Watcher
+
+    heard: list[tuple] = []
+    hook_thread = threading.get_ident()
+
+    class Phases(ExecutionObserver):
+        def __init__(self, index):
+            self.index = index
+
+        def on_phase(self, phase):
+            heard.append(("phase", self.index, phase, threading.get_ident() != hook_thread))
+
+        def on_finish(self):
+            heard.append(("finish", self.index))
+
+    class Probe(Watcher):
+        def wants_marks(self, step):
+            heard.append(("wants", step))
+            return True
+
+        def on_bucket(self, bucket):
+            heard.append(("bucket", bucket.step, bucket.index, bucket.handed is not None))
+            return Phases(bucket.index)
+
+        def on_step_done(self, step):
+            heard.append(("done", step.step, len(step.read())))
+
+        def exchanges_after(self, step):
+            return step % 2 == 0
+
+        def exchange(self, step, peers):
+            rows = peers.rows([float(peers.rank), float(step.step)])
+            heard.append(("exchange", step.step, rows, threading.get_ident() != hook_thread))
+
+        def close(self):
+            heard.append(("close",))
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)))
+    state = ddp_ring_hooks.register(model, concurrent_buckets=1)
+    state.observation.watchers = (*state.observation.watchers, Probe())
+    for _ in range(4):
+        model(torch.randn(4, 8)).sum().backward()
+    state.close()
+    return heard
+
+
+def test_a_watcher_added_beside_the_others_hears_every_bucket_step_and_exchange():
+    for heard in run_ranks(_a_watcher_of_its_own, 2, timeout=120):
+        assert [h[1] for h in heard if h[0] == "wants"] == [1, 2, 3, 4]  # once per step
+        buckets = [h for h in heard if h[0] == "bucket"]
+        assert [h[1] for h in buckets] == [1, 2, 3, 4] and all(h[3] for h in buckets)  # DDP's one bucket here
+        phases = [h for h in heard if h[0] == "phase"]
+        assert {h[2] for h in phases} == {"reduce-scatter", "all-gather"} and all(h[3] for h in phases)
+        assert [h[1] for h in heard if h[0] == "done"] == [1, 2, 3, 4]
+        assert all(h[2] == 1 for h in heard if h[0] == "done")  # the step's one bucket, read
+        exchanges = [h for h in heard if h[0] == "exchange"]
+        assert [h[1] for h in exchanges] == [2, 4] and all(h[3] for h in exchanges)  # off the hook thread
+        assert all(h[2] == [[0.0, h[1]], [1.0, h[1]]] for h in exchanges)  # every rank's row
+        assert heard[-1] == ("close",) and heard.count(("close",)) == 1

@@ -91,9 +91,10 @@ class Observation:
     def hand_over(
         self, buffer: torch.Tensor, *, step: int, index: int, is_last: bool, algorithm: str, group,
     ) -> BucketWatch:
-        """DDP just handed bucket ``index`` of optimizer ``step`` over (call it first, on the
-        hook thread, in DDP's order): its hand-over mark, and the watch that the executor then
-        calls (pass it as the observer) and that :meth:`BucketWatch.launched` is told the Future."""
+        """DDP handed bucket ``index`` of optimizer ``step`` over, and the hook checked it and
+        chose its ``algorithm`` (call it on the hook thread, in DDP's order, right before the
+        launch): its hand-over mark, and the watch to pass to the executor as its observer
+        (then tell it the Future: :meth:`BucketWatch.launched`)."""
         timer = self._timers.for_buffer(buffer)
         handed = timer.mark()  # first: "handed over" starts queue_ms, exposed_ms, the arrival
         opened = self._open
@@ -117,7 +118,7 @@ class Observation:
         rank, world_size = self._ranks
         return StepWatch(
             step, rank=rank, world_size=world_size, group=group,
-            marked=any(watcher.wants_marks(step) for watcher in self.watchers),
+            marked=any([watcher.wants_marks(step) for watcher in self.watchers]),  # every one is asked
         )
 
     def launched(self, bucket: BucketWatch) -> None:

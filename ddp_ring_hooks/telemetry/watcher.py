@@ -103,9 +103,10 @@ class StepWatch:
         return self.last_handed and self.finished == len(self.buckets)
 
     def read(self, timeout_s: float = READ_TIMEOUT_S) -> tuple[BucketClocks, ...] | None:
-        """Every bucket's marks in ms, by bucket (read once, for every reader; off the training
-        path: on CUDA it polls until the events completed, then hands them back to be recorded
-        again). ``None`` when a CUDA event did not complete within ``timeout_s``."""
+        """Every bucket's marks in ms, by bucket, once every bucket finished (read once, for
+        every reader; off the training path: on CUDA it polls until the events completed, then
+        hands them back to be recorded again). ``None`` when a CUDA event did not complete
+        within ``timeout_s``."""
         with self._lock:
             if not self._read:
                 self._read = True

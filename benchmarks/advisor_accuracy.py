@@ -55,6 +55,7 @@ import ddp_ring_hooks  # noqa: E402
 from ddp_ring_hooks.advisor import Setting, step_model  # noqa: E402
 from ddp_ring_hooks.launch import run_on_ranks  # noqa: E402
 from ddp_ring_hooks.machine import MachineLoad, describe_load  # noqa: E402
+from ddp_ring_hooks.telemetry.timeline_records import TimelineRecord  # noqa: E402
 
 MEDIAN_TARGET, WORST_TARGET = 0.10, 0.25
 
@@ -145,7 +146,7 @@ class Trainer:
         torch.distributed.barrier()
         return (time.perf_counter() - started) / count * 1e3
 
-    def close(self) -> list[dict]:
+    def close(self) -> list[TimelineRecord]:
         self.state.close()
         return self.state.timeline.records()
 
@@ -197,7 +198,7 @@ def measure_round(model_name: str, base: dict, variants: list[tuple[str, object,
 # -- predicted vs measured -----------------------------------------------------------------------
 
 
-def merge_runs(runs: list[list[dict]]) -> list[dict]:
+def merge_runs(runs: list[list[TimelineRecord]]) -> list[TimelineRecord]:
     """One timeline from several runs of one setting: the first run whole, the later runs
     without their run line and first step (DDP's provisional single bucket)."""
     merged = list(runs[0])
@@ -206,9 +207,9 @@ def merge_runs(runs: list[list[dict]]) -> list[dict]:
     return merged
 
 
-def median_step_ms(records: list[dict]) -> float:
+def median_step_ms(records: list[TimelineRecord]) -> float:
     """Median optimizer step (wall clock between step starts), leaving out step 1."""
-    return statistics.median(r["step_ms"] for r in records[2:] if r.get("type") == "step")
+    return statistics.median(r.step_ms for r in records[2:])
 
 
 def main(argv=None) -> int:

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import dataclasses
+
 import pytest
 
 from ddp_ring_hooks.advisor import (
@@ -26,6 +28,7 @@ from ddp_ring_hooks.advisor import (
 from ddp_ring_hooks.advisor.bucketing import MIB, assign_buckets, bucket_limits, rebuilt_bucket_bytes
 from ddp_ring_hooks.advisor.lanes import run_lanes
 from ddp_ring_hooks.advisor.ready_curve import ReadyCurve
+from ddp_ring_hooks.telemetry.timeline_records import TimelineBucket, TimelineRun, TimelineStep
 
 from ._dist import run_ranks
 from .conftest import imports_torch
@@ -50,21 +53,20 @@ def timeline(*, ready, lanes=1, k=1, forward=10.0, backward=20.0, optimizer=1.0,
     for i, (n, r) in enumerate(zip(sizes, ready)):
         start = max(r, free[i % lanes])
         end = free[i % lanes] = start + ring_ms(n)
-        buckets.append({"index": i, "nbytes": n, "ready_ms": r, "start_ms": start, "end_ms": end, "cpu_ms": 0.0})
-    exposed = max(b["end_ms"] for b in buckets) - backward
+        buckets.append(TimelineBucket(index=i, nbytes=n, ready_ms=r, start_ms=start, end_ms=end, cpu_ms=0.0))
+    exposed = max(b.end_ms for b in buckets) - backward
     step_ms = (k - 1) * (micro or 0.0) + forward + backward + exposed + optimizer + rest
-    run = {
-        "type": "run", "world_size": 2, "rank": 0, "algorithm": "ring", "concurrent_buckets": lanes,
-        "bucket_cap_bytes": 25 * MIB, "first_bucket_bytes": MIB, "param_bytes": [3 * MIB, MIB],
-        "param_dtypes": ["float32", "float32"], "device": "cpu", "cpu_count": cpu_count, "torch_threads": 1,
-        "local_world_size": 2,
-    }
-    step = {
-        "type": "step", "micro_batches": k, "step_ms": step_ms, "nosync_micro_ms": [micro] * (k - 1) if micro else [],
-        "nosync_other_cpu_ms": [], "forward_ms": forward, "backward_ms": backward, "exposed_ms": exposed,
-        "optimizer_ms": optimizer, "tail_ms": rest, "sync_other_cpu_ms": other_cpu, "buckets": buckets,
-    }
-    return [run, *({**step, "step": i + 1} for i in range(steps))]
+    run = TimelineRun(
+        world_size=2, rank=0, algorithm="ring", concurrent_buckets=lanes, bucket_cap_bytes=25 * MIB,
+        first_bucket_bytes=MIB, param_bytes=(3 * MIB, MIB), param_dtypes=("float32", "float32"), device="cpu",
+        cpu_count=cpu_count, torch_threads=1, local_world_size=2,
+    )
+    step = TimelineStep(
+        step=0, micro_batches=k, step_ms=step_ms, nosync_micro_ms=(micro,) * (k - 1) if micro else (),
+        nosync_other_cpu_ms=(), forward_ms=forward, backward_ms=backward, exposed_ms=exposed,
+        optimizer_ms=optimizer, tail_ms=rest, sync_other_cpu_ms=other_cpu, buckets=tuple(buckets),
+    )
+    return [run, *(dataclasses.replace(step, step=i + 1) for i in range(steps))]
 
 
 # -- closed cases of the simulation ----------------------------------------------------------------
@@ -178,10 +180,10 @@ def _real_buckets(rank: int, world_size: int, widths: list[int], cap):
         optimizer.step()
         optimizer.zero_grad()
     reported = [int(s) for s in str(model._get_ddp_logging_data()["bucket_sizes"]).split(",")]
-    first = [b["nbytes"] for b in state.timeline.steps[0]["buckets"]]
-    seen = [b["nbytes"] for b in state.timeline.steps[-1]["buckets"]]
+    first = [b.nbytes for b in state.timeline.steps[0].buckets]
+    seen = [b.nbytes for b in state.timeline.steps[-1].buckets]
     run = state.timeline.run
-    predicted = rebuilt_bucket_bytes(run["param_bytes"], bucket_limits(bucket_cap_mb=cap), dtypes=run["param_dtypes"])
+    predicted = rebuilt_bucket_bytes(list(run.param_bytes), bucket_limits(bucket_cap_mb=cap), dtypes=list(run.param_dtypes))
     state.close()
     return reported, first, seen, predicted
 
@@ -243,9 +245,9 @@ def test_too_few_steps_and_gpu_timelines_are_clear_errors():
         advise(timeline(ready=[20.0, 20.0], steps=1))
     records = timeline(ready=[20.0, 20.0])
     with pytest.raises(ValueError, match="one rank communicates nothing"):
-        advise([{**records[0], "world_size": 1}, *records[1:]])
+        advise([dataclasses.replace(records[0], world_size=1), *records[1:]])
     with pytest.raises(ValueError, match="recorded on cuda.*CPU \\(gloo\\) runs"):
-        advise([{**records[0], "device": "cuda"}, *records[1:]])
+        advise([dataclasses.replace(records[0], device="cuda"), *records[1:]])
 
 
 # -- end to end: 2 ranks, a log_dir, advise --json ------------------------------------------------
@@ -297,9 +299,13 @@ def test_two_ranks_then_advise_json_reads_the_log_dir(tmp_path):
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    assert glob.glob(os.path.join(log_dir, "*.advice"))
-    panels = EventAccumulator(log_dir, size_guidance={"tensors": 0}).Reload().Tags()["tensors"]
-    assert "comm/advice/text_summary" in panels
+    # The panel goes through the run's own TensorBoard sink: one events file, beside comm/*.
+    (events,) = glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))
+    accumulator = EventAccumulator(events, size_guidance={"tensors": 0, "scalars": 0}).Reload()
+    assert "comm/advice/text_summary" in accumulator.Tags()["tensors"]
+    assert "comm/step/total_ms" in accumulator.Tags()["scalars"]
+    (panel,) = accumulator.Tensors("comm/advice/text_summary")
+    assert "recommendation:" in panel.tensor_proto.string_val[0].decode()
 
     (tmp_path / "empty").mkdir()
     bad = subprocess.run([sys.executable, "-m", "ddp_ring_hooks", "advise", str(tmp_path / "empty")], capture_output=True,
@@ -373,7 +379,7 @@ def test_advise_cli_reads_a_network_profile_and_rejects_bad_input(tmp_path, caps
     time; wrong files and half-given networks are clear errors naming the fix."""
     from ddp_ring_hooks.cli.__main__ import main
 
-    (tmp_path / "timeline.jsonl").write_text("\n".join(json.dumps(r) for r in timeline(ready=[20.0, 20.0])))
+    (tmp_path / "timeline.jsonl").write_text("\n".join(r.to_json() for r in timeline(ready=[20.0, 20.0])))
     bench = [{"algorithm": a, "world_size": 2, "nbytes": n, "time_us": 2 * 5 + n * 1e-4, "count": n // 4,
               "dtype": "float32", "algbw_GBps": 0, "busbw_GBps": 0, "wrong": 0}
              for a in ("ring", "native") for n in (1 << 16, 1 << 20, 1 << 24)]
@@ -420,14 +426,49 @@ def test_a_torn_last_timeline_line_is_skipped_and_an_auto_run_gets_advice(tmp_pa
     from ddp_ring_hooks.telemetry.timeline import read_timeline
 
     records = timeline(ready=[2.0, 20.0])
-    records[0]["algorithm"] = "auto"
+    records[0] = dataclasses.replace(records[0], algorithm="auto")
     path = tmp_path / "timeline.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"type": "step", "step_ms": 1')
+    path.write_text("".join(r.to_json() + "\n" for r in records) + '{"type": "step", "step_ms": 1')
     assert read_timeline(path) == records
     advice = advise(read_timeline(path))
     assert {row["knob"] for row in advice["what_if"]} >= {"accumulate", "bucket_cap_mb", "algorithm"}
-    path.write_text('{"type": "run"}\nnot json\n' + json.dumps(records[1]) + "\n")
+    path.write_text(records[0].to_json() + "\nnot json\n" + records[1].to_json() + "\n")
     with pytest.raises(ValueError, match="line 2: not a timeline record"):
+        read_timeline(path)
+
+
+def test_timeline_records_round_trip_and_old_or_foreign_files_are_read_or_refused(tmp_path):
+    """Every record survives ``to_json``/``from_json``; a file written before records carried a
+    version (the same fields, as plain JSON) reads the same; a newer version, a line missing a
+    field or with a field this version does not know is refused, naming the line and the field."""
+    from ddp_ring_hooks.telemetry.timeline import read_timeline
+    from ddp_ring_hooks.telemetry.timeline_records import TIMELINE_VERSION, record_from_json
+
+    records = timeline(ready=[2.0, 20.0], k=2, micro=27.0)
+    assert [record_from_json(r.to_json()) for r in records] == records
+    assert records[0].version == TIMELINE_VERSION
+
+    def as_old_dict(record):  # what the timeline wrote before its records were typed
+        data = {"type": "run" if isinstance(record, TimelineRun) else "step", **dataclasses.asdict(record)}
+        data.pop("version", None)
+        return data
+
+    path = tmp_path / "timeline.jsonl"
+    path.write_text("".join(json.dumps(as_old_dict(r)) + "\n" for r in records))
+    assert read_timeline(path) == records
+    assert advise(read_timeline(path)) == advise(records)
+
+    newer = {**as_old_dict(records[0]), "version": TIMELINE_VERSION + 1}
+    path.write_text(json.dumps(newer) + "\n")
+    with pytest.raises(ValueError, match=f"line 1: .*format version {TIMELINE_VERSION + 1}.*upgrade"):
+        read_timeline(path)
+    lacking = as_old_dict(records[1])
+    del lacking["tail_ms"]
+    path.write_text(records[0].to_json() + "\n" + json.dumps(lacking) + "\n" + records[2].to_json() + "\n")
+    with pytest.raises(ValueError, match="line 2: .*TimelineStep record lacks tail_ms"):
+        read_timeline(path)
+    path.write_text(json.dumps({**as_old_dict(records[0]), "colour": "blue"}) + "\n")
+    with pytest.raises(ValueError, match="line 1: .*has unknown colour"):
         read_timeline(path)
 
 

@@ -93,10 +93,12 @@ def _lightning_cases(rank: int, world_size: int, directory: str) -> dict:
     results["native_matches_plain_bitwise"] = all(a.equal(b) for a, b in zip(native_parameters, plain_parameters))
 
     # 2. Accumulation: 3 micro-batches per optimizer step; the hook reduces once per step.
+    #    Every HookState option passes through the strategy (one lane here).
     memory = MemorySink()
-    strategy = ring_lightning.RingDDPStrategy(bucket_cap_mb=BUCKET_CAP_MB, sinks=[memory])
+    strategy = ring_lightning.RingDDPStrategy(bucket_cap_mb=BUCKET_CAP_MB, sinks=[memory], concurrent_buckets=1)
     trainer, record, _ = fit(strategy, max_steps=2, accumulate=3)
     results["accumulation"] = {
+        "lanes": (strategy.hook_state.concurrent_buckets, strategy.hook_state.timeline.run.concurrent_buckets),
         "micro_batches": len(record.losses),
         "global_step": trainer.global_step,
         "hook_iterations": strategy.hook_state.iteration,
@@ -176,6 +178,7 @@ def test_native_strategy_trains_bit_identically_to_lightning_ddp(ranks):
 def test_accumulation_reduces_once_per_optimizer_step(ranks):
     for result in ranks:
         accumulation = result["accumulation"]
+        assert accumulation["lanes"] == (1, 1)
         assert accumulation["micro_batches"] == 6
         assert accumulation["global_step"] == 2
         assert accumulation["hook_iterations"] == 2  # one DDP reduction per step, not per micro-batch
@@ -231,11 +234,16 @@ def test_bad_arguments_get_errors_that_name_the_fix():
 
     from ddp_ring_hooks import HookState, ring_hook
     from ddp_ring_hooks.integrations.lightning import CommTimingLogger, RingDDPStrategy
+    from ddp_ring_hooks.telemetry import TelemetryOptions
 
     with pytest.raises(ValueError, match="cannot take ddp_comm_hook="):
         RingDDPStrategy(ddp_comm_hook=ring_hook, ddp_comm_state=HookState())
     with pytest.raises(ValueError, match="unknown algorithm 'rign' \\(did you mean 'ring'\\?\\); choose one of ring"):
         RingDDPStrategy("rign")
+    with pytest.raises(ValueError, match="concurrent_buckets must be an integer >= 1"):
+        RingDDPStrategy(concurrent_buckets=0)
+    with pytest.raises(ValueError, match="telemetry option 'log_every' given twice"):
+        RingDDPStrategy(telemetry=TelemetryOptions(log_every=2), log_every=3)
     trainer = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp", logger=False, enable_progress_bar=False)
     with pytest.raises(TypeError, match='pass strategy="ddp_ring"'):
         CommTimingLogger().setup(trainer, None, "fit")

@@ -17,7 +17,7 @@ def _profile_steps(rank: int, world_size: int, directory: str):
     from torch.nn.parallel import DistributedDataParallel
 
     import ddp_ring_hooks
-    from ddp_ring_hooks.hooks.profiling import profiler_active
+    from ddp_ring_hooks.telemetry.profiling import profiler_active
 
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)),

@@ -30,7 +30,7 @@ def _train(rank: int, world_size: int, delayed_rank: int | None, log_dir: str, p
     ``separate_clocks``: every rank claims a clock of its own, so offsets are measured."""
     import time
 
-    from ddp_ring_hooks.runtime.clocks import CLOCK_DOMAIN_VARIABLE
+    from ddp_ring_hooks.telemetry.clocks import CLOCK_DOMAIN_VARIABLE
 
     if separate_clocks:
         os.environ[CLOCK_DOMAIN_VARIABLE] = f"pretend host {rank}"
@@ -164,7 +164,7 @@ def _offsets_of_skewed_clocks(rank: int, world_size: int, skew_s: float):
 
     import torch.distributed as dist
 
-    from ddp_ring_hooks.runtime.clocks import estimate_clock_offsets
+    from ddp_ring_hooks.telemetry.clocks import estimate_clock_offsets
 
     group = dist.group.WORLD
     shared = estimate_clock_offsets(group, tag=7)  # real hosts: all ranks here share one clock

@@ -214,7 +214,7 @@ def test_summary_lists_every_bucket_size(trained):
 def test_state_pickles_with_telemetry_options_and_no_threads(tmp_path):
     state = HookState(log_dir=str(tmp_path), log_every=5, trace_steps=3)
     clone = pickle.loads(pickle.dumps(state))
-    assert clone.telemetry.enabled and clone.telemetry._options == state.telemetry._options
+    assert clone.telemetry.enabled and clone.telemetry.options == state.telemetry.options
     assert "no communication telemetry" in HookState().summary()
     assert not HookState().telemetry.enabled
 

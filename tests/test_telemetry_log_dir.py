@@ -48,19 +48,21 @@ def _play_steps(rank: int, world_size: int, buckets_per_step: dict[int, list[int
     """The hook's side of the observer protocol, for the given buckets (bytes) of each step."""
     import warnings
 
-    from ddp_ring_hooks.telemetry import MemorySink, Sink, Telemetry
+    from ddp_ring_hooks.telemetry import MemorySink, Observation, Sink
 
     class DiskFullSink(Sink):
         def write(self, record):
             raise OSError(28, "No space left on device")
 
-    telemetry = Telemetry(sinks=[DiskFullSink() if failing else MemorySink()])
+    observation = Observation(sinks=[DiskFullSink() if failing else MemorySink()])
+    telemetry = observation.recorder
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         for step, sizes in buckets_per_step.items():
             for index, nbytes in enumerate(sizes):
-                observer = telemetry.observe_bucket(
-                    torch.zeros(nbytes // 4), step=step, index=index, is_last=index == len(sizes) - 1, algorithm="ring"
+                observer = observation.hand_over(
+                    torch.zeros(nbytes // 4), step=step, index=index, is_last=index == len(sizes) - 1,
+                    algorithm="ring", group=None,
                 )
                 observer.on_phase("reduce-scatter")
                 observer.on_finish()
@@ -79,7 +81,7 @@ def test_a_sink_that_fails_later_is_counted_in_the_summary():
 
 
 def test_the_first_iterations_extra_bucket_row_explains_itself():
-    from ddp_ring_hooks.telemetry.sinks import FIRST_STEP_NOTE
+    from ddp_ring_hooks.telemetry.summary import FIRST_STEP_NOTE
 
     # DDP's step 1 reduces with its first bucket layout (here one bucket of everything), then
     # rebuilds: the summary gets a row for bucket 0 of step 1 beside the later bucket 0.
@@ -133,8 +135,8 @@ def test_each_data_parallel_group_writes_its_own_run_from_its_own_rank0(tmp_path
         trace = json.loads((directory / "comm_trace.json").read_text())
         events = trace["traceEvents"] if isinstance(trace, dict) else trace
         assert {event.get("pid") for event in events if event.get("ph") == "X"} == {0, 1}, name
-        run = json.loads((directory / "timeline.jsonl").read_text().splitlines()[0])
-        assert run["world_size"] == 2 and run["rank"] == 0, (name, run)
+        run = read_timeline(directory)[0]
+        assert run.world_size == 2 and run.rank == 0, (name, run)
     with pytest.raises(FileNotFoundError, match="one run per process group .group_0-1, group_2-3.*pass one of them"):
         read_timeline(tmp_path)  # what `ddp-ring-hooks advise LOG_DIR` says for the top directory
 

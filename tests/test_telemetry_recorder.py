@@ -1,6 +1,9 @@
 """The recorder under load: thousands of observed buckets against a sink far slower than
 training keep memory flat, never block the caller, and count every dropped step; and on a GPU
-the hook times with events and never synchronizes the host."""
+the hook times with events and never synchronizes the host.
+
+The buckets are handed to an observation as the hook state hands them (``hand_over``, then
+the executor's calls on the watch it returns), without a model around them."""
 
 from __future__ import annotations
 
@@ -21,10 +24,11 @@ CAPACITY = 16
 
 def _drive_recorder_with_slow_sink(rank: int, world_size: int):
     """Play the hook's side of the observer protocol STEPS times; return what was counted."""
+    import gc
     import time
     import tracemalloc
 
-    from ddp_ring_hooks.telemetry import Sink, Telemetry
+    from ddp_ring_hooks.telemetry import Observation, Sink
 
     class SlowSink(Sink):
         def __init__(self):
@@ -35,7 +39,8 @@ def _drive_recorder_with_slow_sink(rank: int, world_size: int):
             self.written += 1
 
     sink = SlowSink()
-    telemetry = Telemetry(sinks=[sink], capacity=CAPACITY, summary_window=64)
+    observation = Observation(sinks=[sink], capacity=CAPACITY, summary_window=64)
+    telemetry = observation.recorder
     buffer = torch.zeros(1024)
     phases = ("reduce-scatter", "all-gather")
     memory_after: dict[int, int] = {}
@@ -43,11 +48,14 @@ def _drive_recorder_with_slow_sink(rank: int, world_size: int):
     for step in range(1, STEPS + 1):
         for index in range(BUCKETS_PER_STEP):
             is_last = index == BUCKETS_PER_STEP - 1
-            observer = telemetry.observe_bucket(buffer, step=step, index=index, is_last=is_last, algorithm="ring")
+            observer = observation.hand_over(buffer, step=step, index=index, is_last=is_last, algorithm="ring", group=None)
             for phase in phases:
                 observer.on_phase(phase)
             observer.on_finish()
         if step in (STEPS // 6, STEPS):
+            # Live memory: a full collection first empties CPython's free lists (up to 2000
+            # tuples of each size, kept allocated for reuse), which would read as growth.
+            gc.collect()
             memory_after[step] = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     queued_at_end = telemetry._queue.qsize()
@@ -71,14 +79,16 @@ def test_thousands_of_buckets_keep_memory_flat_and_count_drops():
 def _finish_buckets_out_of_order(rank: int, world_size: int):
     """Two buckets reduced at once can finish in either order: the step is recorded once,
     when its last bucket to *finish* is done, with every bucket in it."""
-    from ddp_ring_hooks.telemetry import MemorySink, Telemetry
+    from ddp_ring_hooks.telemetry import MemorySink, Observation
 
     memory = MemorySink()
-    telemetry = Telemetry(sinks=[memory])
+    observation = Observation(sinks=[memory])
+    telemetry = observation.recorder
     seen_before_all_finished = []
     for step in (1, 2):
         observers = [
-            telemetry.observe_bucket(torch.zeros(64 * (index + 1)), step=step, index=index, is_last=index == 2, algorithm="ring")
+            observation.hand_over(torch.zeros(64 * (index + 1)), step=step, index=index, is_last=index == 2,
+                                  algorithm="ring", group=None)
             for index in range(3)
         ]
         for observer in observers:
@@ -107,12 +117,12 @@ def test_a_step_is_recorded_when_its_last_bucket_to_finish_is_done():
 EXIT_WITHOUT_CLOSE = """
 import sys
 import torch, torch.distributed as dist
-from ddp_ring_hooks.telemetry import Telemetry
+from ddp_ring_hooks.telemetry import Observation
 
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 1), rank=0, world_size=1)
-telemetry = Telemetry(log_dir=sys.argv[1], trace_steps=(1, 3))
+observation = Observation(log_dir=sys.argv[1], trace_steps=(1, 3))
 for step in (1, 2, 3):
-    observer = telemetry.observe_bucket(torch.zeros(8), step=step, index=0, is_last=True, algorithm="ring")
+    observer = observation.hand_over(torch.zeros(8), step=step, index=0, is_last=True, algorithm="ring", group=None)
     observer.on_phase("reduce-scatter")
     observer.on_finish()
 # No close(): interpreter exit must write everything.

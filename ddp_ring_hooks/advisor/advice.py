@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from ..schedules import algorithm_names
 from .network import NATIVE, Network, from_run
-from .profile import profile_run
+from .profile import TimelineRecord, profile_run
 from .step_model import Setting, StepModel, run_setting, setting_options
 
 BUCKET_CAPS_MB = (1, 5, 10, 25, 50, 100)
@@ -32,7 +32,7 @@ ACCUMULATE = (1, 2, 4, 8, 16)
 MIN_GAIN = 1.03
 
 
-def step_model(records: Sequence[dict], *, network: Network | None = None) -> StepModel:
+def step_model(records: Sequence[TimelineRecord], *, network: Network | None = None) -> StepModel:
     """The calibrated step model of the run in timeline ``records``."""
     profile = profile_run(records)
     run_network = from_run(
@@ -137,7 +137,7 @@ def _is_run(model: StepModel, knob: str, value) -> bool:
     return own[knob] == value
 
 
-def advise(records: Sequence[dict], *, network: Network | None = None) -> dict:
+def advise(records: Sequence[TimelineRecord], *, network: Network | None = None) -> dict:
     """The advice (the ``--json`` shape) for timeline ``records``; ``network`` costs the
     predictions on another cluster (default: this run's own buckets)."""
     model = step_model(records, network=network)

@@ -1,7 +1,8 @@
 """One run, summarized: the medians the step model starts from (pure; reads timeline records).
 
-The records are what :class:`~ddp_ring_hooks.telemetry.timeline.Timeline` writes (a ``run``
-line, then one ``step`` line per optimizer step). Step 1 is left out: DDP reduces one big
+The records are what :class:`~ddp_ring_hooks.telemetry.timeline.Timeline` writes: a
+:class:`~ddp_ring_hooks.telemetry.timeline_records.TimelineRun`, then one
+:class:`~ddp_ring_hooks.telemetry.timeline_records.TimelineStep` per optimizer step. Step 1 is left out: DDP reduces one big
 bucket then and rebuilds its buckets after it. So are steps whose bucket count differs from
 the others (a rebuild, an error). Medians, not means: on a shared machine a few disturbed
 steps move the mean but not the median.
@@ -31,6 +32,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..telemetry.timeline_records import TimelineRecord, TimelineRun, TimelineStep
 from .lanes import busy_ms
 
 
@@ -108,47 +110,47 @@ class RunProfile:
         return self.first_bucket_bytes < self.bucket_cap_bytes
 
 
-def oversubscribed(run: dict) -> float:
+def oversubscribed(run: TimelineRun) -> float:
     """Share of the communication threads' CPU time that takes a core from backward."""
-    cores_per_rank = run["cpu_count"] / max(1, run["local_world_size"])
-    spare = cores_per_rank - run["torch_threads"]
-    return min(1.0, max(0.0, 1.0 - spare / max(1, run["concurrent_buckets"])))
+    cores_per_rank = run.cpu_count / max(1, run.local_world_size)
+    spare = cores_per_rank - run.torch_threads
+    return min(1.0, max(0.0, 1.0 - spare / max(1, run.concurrent_buckets)))
 
 
-def profile_run(records: Sequence[dict]) -> RunProfile:
-    """Summarize timeline ``records`` (the ``run`` line first) into a :class:`RunProfile`."""
-    if not records or records[0].get("type") != "run":
-        raise ValueError("a timeline starts with its 'run' record; is this a timeline.jsonl from ddp_ring_hooks?")
-    run, steps = records[0], [r for r in records[1:] if r.get("type") == "step"]
-    if run.get("device", "cpu") != "cpu":
+def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
+    """Summarize timeline ``records`` (the run record first) into a :class:`RunProfile`."""
+    if not records or not isinstance(records[0], TimelineRun):
+        raise ValueError("a timeline starts with its run record; is this a timeline.jsonl from ddp_ring_hooks?")
+    run, steps = records[0], [r for r in records[1:] if isinstance(r, TimelineStep)]
+    if run.device != "cpu":
         raise ValueError(
-            f"this timeline was recorded on {run['device']}: there the hook and backward only enqueue work, "
+            f"this timeline was recorded on {run.device}: there the hook and backward only enqueue work, "
             "so host clocks do not time compute or communication; the advisor reads CPU (gloo) runs for now"
         )
     steps = _measured(steps)
-    k = Counter(s["micro_batches"] for s in steps).most_common(1)[0][0]
-    steps = [s for s in steps if s["micro_batches"] == k]
+    k = Counter(s.micro_batches for s in steps).most_common(1)[0][0]
+    steps = [s for s in steps if s.micro_batches == k]
 
     def median(name: str) -> float:
-        return statistics.median(s[name] for s in steps)
+        return statistics.median(getattr(s, name) for s in steps)
 
     step_ms, forward, backward = median("step_ms"), median("forward_ms"), median("backward_ms")
     exposed, optimizer = median("exposed_ms"), median("optimizer_ms")
-    count = len(steps[0]["buckets"])
+    count = len(steps[0].buckets)
     buckets = tuple(
         BucketProfile(
-            nbytes=int(statistics.median(s["buckets"][i]["nbytes"] for s in steps)),
-            ready_ms=statistics.median(s["buckets"][i]["ready_ms"] for s in steps),
-            comm_ms=statistics.median(s["buckets"][i]["end_ms"] - s["buckets"][i]["start_ms"] for s in steps),
-            cpu_ms=statistics.median(s["buckets"][i]["cpu_ms"] for s in steps),
+            nbytes=int(statistics.median(s.buckets[i].nbytes for s in steps)),
+            ready_ms=statistics.median(s.buckets[i].ready_ms for s in steps),
+            comm_ms=statistics.median(s.buckets[i].comm_ms for s in steps),
+            cpu_ms=statistics.median(s.buckets[i].cpu_ms for s in steps),
         )
         for i in range(count)
     )
-    intervals = [[(b["start_ms"], b["end_ms"]) for b in s["buckets"]] for s in steps]
+    intervals = [[(b.start_ms, b.end_ms) for b in s.buckets] for s in steps]
     comm = statistics.median(busy_ms(i) for i in intervals)
-    hidden = statistics.median(busy_ms(i, until=s["backward_ms"]) for i, s in zip(intervals, steps))
+    hidden = statistics.median(busy_ms(i, until=s.backward_ms) for i, s in zip(intervals, steps))
     if k > 1:
-        micro = statistics.median(m for s in steps for m in s["nosync_micro_ms"])
+        micro = statistics.median(m for s in steps for m in s.nosync_micro_ms)
         rest = step_ms - (k - 1) * micro - (forward + backward + exposed + optimizer)
         contention = max(0.0, min(backward, forward + backward + rest - micro))
         source = "measured: the synchronizing micro-batch minus a no_sync one"
@@ -157,13 +159,13 @@ def profile_run(records: Sequence[dict]) -> RunProfile:
         share = oversubscribed(run)
         contention = min(backward, share * median("sync_other_cpu_ms"))
         source = (f"estimated: {share:.0%} of the other threads' CPU time during backward "
-                  f"({run['cpu_count']} cores, {run['local_world_size']} ranks here, "
-                  f"{run['torch_threads']} compute thread(s) and {run['concurrent_buckets']} lanes each)")
+                  f"({run.cpu_count} cores, {run.local_world_size} ranks here, "
+                  f"{run.torch_threads} compute thread(s) and {run.concurrent_buckets} lanes each)")
     return RunProfile(
-        world_size=run["world_size"], algorithm=run["algorithm"], lanes=run["concurrent_buckets"],
-        bucket_cap_bytes=run["bucket_cap_bytes"], first_bucket_bytes=run["first_bucket_bytes"],
-        param_bytes=tuple(run["param_bytes"]), param_dtypes=tuple(run["param_dtypes"]), device=run["device"],
-        local_world_size=run["local_world_size"],
+        world_size=run.world_size, algorithm=run.algorithm, lanes=run.concurrent_buckets,
+        bucket_cap_bytes=run.bucket_cap_bytes, first_bucket_bytes=run.first_bucket_bytes,
+        param_bytes=run.param_bytes, param_dtypes=run.param_dtypes, device=run.device,
+        local_world_size=run.local_world_size,
         steps=len(steps), accumulate=k, step_ms=step_ms, forward_ms=forward, backward_ms=backward,
         exposed_ms=exposed, optimizer_ms=optimizer, rest_ms=rest, comm_ms=comm, hidden_ms=hidden,
         contention_ms=contention, contention_source=source, buckets=buckets,
@@ -171,7 +173,7 @@ def profile_run(records: Sequence[dict]) -> RunProfile:
     )
 
 
-def _measured(steps: list[dict]) -> list[dict]:
+def _measured(steps: list[TimelineStep]) -> list[TimelineStep]:
     """Steps after the first, with the usual bucket count."""
     later = steps[1:]
     if not later:
@@ -179,5 +181,5 @@ def _measured(steps: list[dict]) -> list[dict]:
             f"the timeline holds {len(steps)} optimizer step(s); the advisor needs at least 2 (step 1 "
             "runs DDP's provisional single bucket): train a few more steps"
         )
-    usual = Counter(len(s["buckets"]) for s in later).most_common(1)[0][0]
-    return [s for s in later if len(s["buckets"]) == usual]
+    usual = Counter(len(s.buckets) for s in later).most_common(1)[0][0]
+    return [s for s in later if len(s.buckets) == usual]

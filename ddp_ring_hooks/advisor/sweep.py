@@ -13,10 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from .advice import step_model
+from .profile import TimelineRecord
 from .step_model import run_setting
 
 
-def accumulation_speedups(records: Sequence[dict], *, ks: Iterable[int]) -> dict[int, float]:
+def accumulation_speedups(records: Sequence[TimelineRecord], *, ks: Iterable[int]) -> dict[int, float]:
     """``{k: predicted samples/s relative to the run}`` from one run's timeline ``records``."""
     model = step_model(records)
     here = run_setting(model.profile)

@@ -27,6 +27,8 @@ purpose (say, after following the advisor), and a difference is named in a warni
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import warnings
 from collections.abc import Mapping
 
@@ -39,8 +41,6 @@ FORMAT = 1
 def state_dict_of(state) -> dict:
     """The checkpoint dict of a :class:`~ddp_ring_hooks.HookState` (see the module docstring)."""
     auto = state._auto
-    options = state.telemetry.options
-    trace = options.trace_steps
     return {
         "format": FORMAT,
         "iteration": state.iteration,
@@ -51,11 +51,7 @@ def state_dict_of(state) -> dict:
             "candidates": list(auto.candidates),
             "calibration": {a: [c.alpha, c.beta, c.gamma] for a, c in auto.calibration.items()},
         },
-        "telemetry": {
-            "log_dir": options.log_dir, "log_every": options.log_every,
-            "trace_steps": None if trace is None else [trace.start, trace.stop],
-            "per_rank": options.per_rank, "spread_every": options.spread_every,
-        },
+        "telemetry": _plain_telemetry_options(state.telemetry.options),
     }
 
 
@@ -102,3 +98,14 @@ def _plain(value):
     if isinstance(value, tuple | list):
         return [_plain(item) for item in value]
     return value
+
+
+def _plain_telemetry_options(options) -> dict:
+    """Every telemetry option but the sinks (objects of this process), as plain values: a trace
+    window as ``[start, stop]``, a path as a string."""
+    def plain(value):
+        if isinstance(value, range):
+            return [value.start, value.stop]
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    return {f.name: plain(getattr(options, f.name)) for f in dataclasses.fields(options) if f.name != "sinks"}

@@ -27,7 +27,8 @@ def register(
 
     ``process_group`` defaults to the model's own group. ``options`` go to :class:`HookState`:
     the algorithm's own options (e.g. ``local_size=`` for hierarchical), ``check_layout_steps``,
-    ``observers``, and the communication timing per bucket (nothing is recorded unless asked):
+    ``concurrent_buckets``, ``observers``, and the watching of every bucket, as
+    ``telemetry=TelemetryOptions(...)`` or as its fields (nothing is recorded unless asked):
 
     - ``log_dir``: TensorBoard events (``comm/bucket_{i}/time_ms``, ...) from rank 0.
     - ``log_every``: record every N-th optimizer step.
@@ -39,6 +40,8 @@ def register(
       over) and log the straggler (the rank that arrived last), how long the others waited for
       it and the ranks' step times (``comm/ranks/...``, a line in ``summary()``).
     - ``sinks``: more :class:`~ddp_ring_hooks.telemetry.sinks.Sink` s, on every rank.
+
+    (See :class:`~ddp_ring_hooks.telemetry.TelemetryOptions` for every field.)
 
     ``state.summary()`` returns the per-bucket table; ``state.close()`` flushes the files.
 
@@ -65,7 +68,7 @@ def register(
     state = HookState(process_group or ddp_model.process_group, algorithm, **options)
     validate_algorithm(state.algorithm, state.world_size, state.algorithm_options)
     ddp_model.register_comm_hook(state, ring_hook)
-    state.timeline.attach(ddp_model, algorithm=algorithm, concurrent_buckets=state.concurrent_buckets, group=state.group)
+    state.observation.attach(ddp_model, algorithm=algorithm, concurrent_buckets=state.concurrent_buckets, group=state.group)
     return state
 
 

@@ -1,9 +1,13 @@
 """``HookState``: everything the hook needs between calls, and how a bucket gets reduced.
 
 The state holds the process group, the algorithm and its options, the step counter and the
-communication worker. Like PyTorch's ``PowerSGDState`` it pickles without its process group
-(and without its thread): after unpickling, in a checkpoint or a spawned process, it uses the
-default process group until told otherwise.
+observation of its buckets (:class:`~ddp_ring_hooks.telemetry.Observation`: every watcher,
+configured by one :class:`~ddp_ring_hooks.telemetry.TelemetryOptions`). Its own job is to
+check, choose, launch and name failures; it hands each bucket to the observation once, as
+DDP hands it over, and the watch it gets back goes along as the executor's observer. Like
+PyTorch's ``PowerSGDState`` it pickles without its process group (and without its threads):
+after unpickling, in a checkpoint or a spawned process, it uses the default process group
+until told otherwise.
 
 How a bucket is reduced is decided in one place, :meth:`HookState._launch`:
 
@@ -34,7 +38,8 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
-from ..runtime import ExecutionObserver, combine_observers, run_schedule, worker_for, workers_of
+from ..advisor import advise
+from ..runtime import ExecutionObserver, run_schedule, worker_for, workers_of
 from ..runtime import cuda_lane as cuda
 from ..runtime.collectives import check_device_backend
 from ..runtime.errors import CommunicationError
@@ -42,14 +47,13 @@ from ..runtime.names import NATIVE, check_algorithm_name, has_schedule
 from ..runtime.native import run_native
 from ..runtime.selection import AUTO, AutoSelector, auto_option_names
 from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options
-from ..telemetry import TELEMETRY_OPTIONS, Sink, Telemetry
-from ..telemetry.timeline import Timeline
+from ..telemetry import TELEMETRY_OPTIONS, Telemetry, TelemetryOptions
+from ..telemetry.observation import Observation
+from ..telemetry.watcher import BucketWatch
 from . import checkpoint
-from .advice import advise_state, close_timeline
-from .arrivals import ArrivalGather
+from .advice import advice_table
 from .errors import HookFailedError
 from .layout_check import BucketLayout, check_bucket_layout
-from .profiling import PhaseRanges, in_bucket_range, profiler_active
 from .validation import validate_bucket, validate_group
 
 
@@ -72,10 +76,12 @@ class HookState:
             that names the valid ones.
         device: the model's device, where ``auto``'s probe runs (``register`` passes the DDP
             model's; default: GPU ``LOCAL_RANK`` on NCCL, else the CPU).
-        log_dir, log_every, trace_steps, per_rank, spread_every, sinks: per-bucket
-            communication timing (TensorBoard, trace, summary), see
-            :class:`~ddp_ring_hooks.telemetry.Telemetry`; or pass a ready ``telemetry=``.
-            Nothing is recorded unless one of them asks for it.
+        telemetry: the watching of every bucket (TensorBoard, trace, summary, the advisor's
+            timeline, stragglers), a :class:`~ddp_ring_hooks.telemetry.TelemetryOptions` or a
+            ready :class:`~ddp_ring_hooks.telemetry.Telemetry`; or give its fields as keywords
+            (``log_dir=``, ``log_every=``, ``trace_steps=``, ``per_rank=``, ``spread_every=``,
+            ``sinks=``, ...), not the same field both ways. Nothing is recorded unless one of
+            them asks for it.
         observers: more :class:`~ddp_ring_hooks.runtime.ExecutionObserver` s that watch every
             bucket's all-reduce, e.g. a :class:`~ddp_ring_hooks.runtime.recording.TraceRecorder`
             to replay your own training with ``ddp-ring-hooks animate --trace``.
@@ -87,7 +93,8 @@ class HookState:
             With ``observers``, buckets always run one at a time: an observer sees whole
             all-reduces in order. Every rank must end up with the same number of lanes (the
             layout check says so when they do not).
-        **algorithm_keywords: the algorithm's options as keywords (see ``algorithm_options``).
+        **options: the algorithm's options (see ``algorithm_options``) and the telemetry
+            fields, as keywords.
 
     Example::
 
@@ -102,14 +109,11 @@ class HookState:
         "algorithm_options",
         # Progress: optimizer steps seen (one DDP reduction each).
         "iteration",
-        # Per-bucket timing; pickles its options only.
-        "telemetry",
-        # Every rank's arrival (bucket hand-over), gathered after the step for telemetry.
-        "_arrivals",
+        # Every watcher of the buckets (telemetry, timeline, arrivals, profiler ranges, the
+        # user's observers); pickles its options only.
+        "observation",
         # CPU: buckets reduced at the same time, one worker lane each.
         "concurrent_buckets",
-        # More watchers of every bucket's execution (e.g. a TraceRecorder); not pickled.
-        "observers",
         # algorithm="auto": the calibrated per-bucket chooser (None otherwise).
         "_auto",
         # Reliability: iterations with the cross-rank layout check, the index of the next
@@ -119,8 +123,6 @@ class HookState:
         "_reductions_here",
         "_bucket_index",
         "_failure",
-        # Step, micro-batch and bucket marks for the advisor (attached by register()).
-        "timeline",
     )
 
     def __init__(
@@ -129,25 +131,17 @@ class HookState:
         algorithm: str = "ring",
         *,
         algorithm_options: Mapping[str, object] | None = None,
-        log_dir: str | None = None,
-        log_every: int = 1,
-        trace_steps: int | tuple[int, int] | None = None,
-        per_rank: bool = False,
-        spread_every: int = 0,
-        sinks: tuple[Sink, ...] = (),
-        telemetry: Telemetry | None = None,
+        telemetry: TelemetryOptions | Telemetry | None = None,
         observers: tuple[ExecutionObserver, ...] = (),
         check_layout_steps: int = 2,
         concurrent_buckets: int = 2,
         device: torch.device | str | None = None,
-        **algorithm_keywords,
+        **options,
     ) -> None:
-        if not isinstance(check_layout_steps, int) or check_layout_steps < 0:
-            raise ValueError(f"check_layout_steps must be an integer >= 0, got {check_layout_steps!r}")
-        if not isinstance(concurrent_buckets, int) or concurrent_buckets < 1:
-            raise ValueError(f"concurrent_buckets must be an integer >= 1, got {concurrent_buckets!r}")
+        check_counts(check_layout_steps=check_layout_steps, concurrent_buckets=concurrent_buckets)
         check_algorithm_name(algorithm)
-        options = _merged_options(algorithm_options, algorithm_keywords)
+        telemetry_fields = {name: options.pop(name) for name in TELEMETRY_OPTIONS if name in options}
+        options = _merged_options(algorithm_options, options)
         self.process_group = process_group
         self.algorithm = algorithm
         # Checked and resolved now (defaults filled in, LOCAL_WORLD_SIZE read once, here):
@@ -165,18 +159,24 @@ class HookState:
             AutoSelector.probed(self.group, device=device, **_auto_options(options)) if algorithm == AUTO else None
         )
         cuda.prepare(self.group)  # NCCL: the side groups, made while every rank is here
-        if telemetry is not None and (log_dir is not None or trace_steps is not None or sinks):
-            raise ValueError(
-                "pass either telemetry=Telemetry(...) or the telemetry options (log_dir, "
-                "trace_steps, sinks, ...), not both: put the options into the Telemetry"
-            )
-        self.telemetry = telemetry or Telemetry(
-            log_dir=log_dir, log_every=log_every, trace_steps=trace_steps, per_rank=per_rank,
-            spread_every=spread_every, sinks=sinks,
-        )
-        self.observers = tuple(observers)
-        self._arrivals = ArrivalGather(self.telemetry)
-        self.timeline = Timeline(log_dir=log_dir)
+        self.observation = Observation(telemetry, observers=observers, advice=advice_table, **telemetry_fields)
+
+    # -- the watchers, by name ---------------------------------------------------------------
+
+    @property
+    def telemetry(self) -> Telemetry:
+        """The per-bucket recorder (TensorBoard, trace, summary)."""
+        return self.observation.recorder
+
+    @property
+    def timeline(self):
+        """The advisor's timeline (:class:`~ddp_ring_hooks.telemetry.timeline.Timeline`)."""
+        return self.observation.timeline
+
+    @property
+    def observers(self) -> tuple[ExecutionObserver, ...]:
+        """The user's observers of every bucket's all-reduce (not pickled)."""
+        return self.observation.observers
 
     # -- the group -----------------------------------------------------------------------
 
@@ -208,7 +208,6 @@ class HookState:
 
     def reduce_bucket(self, buffer: torch.Tensor, *, is_last: bool) -> torch.futures.Future:
         """Average ``buffer`` over the group in place; the Future holds ``buffer``."""
-        arrival = self._arrivals.mark(self.iteration + 1, buffer)  # first: the hand-over itself
         validate_bucket(buffer)
         bucket, self._bucket_index = self._bucket_index, 0 if is_last else self._bucket_index + 1
         checking_layout = self._reductions_here < self.check_layout_steps
@@ -224,54 +223,44 @@ class HookState:
                 group=cuda.control_group(self.group), iteration=self.iteration,
             )
         iteration = self.iteration  # reductions done before this one
-        step = iteration + 1  # the optimizer step this reduction belongs to
         if is_last:
             self.iteration += 1
             self._reductions_here += 1
-        # Taken now, on the hook thread: "handed over" starts queue_ms and exposed_ms.
-        observer = combine_observers(
-            self.telemetry.observe_bucket(
-                buffer, step=step, index=bucket, is_last=is_last,
-                algorithm=schedule.algorithm if schedule is not None else NATIVE, group=self.group,
-            ),
-            *self.observers,
-            self.timeline.observe_bucket(buffer, index=bucket, is_last=is_last),
+        # Handed to the observation once, checked and with its algorithm: the hand-over mark
+        # (queue_ms, exposed_ms and the rank's arrival start here), and the watch that goes
+        # along as the executor's observer.
+        watch = self.observation.hand_over(
+            buffer, step=iteration + 1, index=bucket, is_last=is_last,
+            algorithm=schedule.algorithm if schedule is not None else NATIVE, group=self.group,
         )
-        ranges = PhaseRanges(bucket) if profiler_active() else None
-        future = self._launch(schedule, buffer, observer, bucket=bucket, iteration=iteration, lane=bucket % lanes, ranges=ranges)
-        return self._arrivals.track(arrival, future, step=step, is_last=is_last, group=self.group)
+        return watch.launched(self._launch(schedule, buffer, watch, bucket=bucket, iteration=iteration, lane=bucket % lanes))
 
     def _launch(
-        self, schedule: Schedule | None, buffer: torch.Tensor, observer: ExecutionObserver, *,
-        bucket: int, iteration: int, lane: int, ranges: PhaseRanges | None,
+        self, schedule: Schedule | None, buffer: torch.Tensor, watch: BucketWatch, *,
+        bucket: int, iteration: int, lane: int,
     ) -> torch.futures.Future:
         """The one place that picks how a bucket is reduced (see the module docstring)."""
         if schedule is None:  # native: the group's own all-reduce, DDP's scaling
-            # (no profiler phase ranges: its start and end marks are taken on different threads)
-            return self._native_or_explain(buffer, observer, bucket=bucket, iteration=iteration)
-        if ranges is not None:
-            observer = combine_observers(observer, ranges)
+            return self._native_or_explain(buffer, watch, bucket=bucket, iteration=iteration)
         if buffer.is_cuda:
-            # The kernels that produced this bucket, as an event; the worker orders its side
-            # stream after it when it starts the bucket (see runtime/cuda_lane.py).
-            handed_over = cuda.mark_handed_over(buffer.device)
+            # The watch's hand-over mark is an event after the kernels that produced this
+            # bucket; the worker orders its side stream after it when it starts the bucket
+            # (see runtime/cuda_lane.py).
             side = cuda.cuda_lane(self.group, buffer.device)
 
             def job():
-                cuda.wait_handed_over(handed_over)
-                return self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration, group=side.group)
+                cuda.wait_handed_over(watch.handed)
+                return self._average_or_explain(schedule, buffer, watch, bucket=bucket, iteration=iteration, group=side.group)
 
             devices = [buffer.device]
             worker = side.worker
         else:
-            job = lambda: self._average_or_explain(schedule, buffer, observer, bucket=bucket, iteration=iteration, tag=lane)  # noqa: E731
+            job = lambda: self._average_or_explain(schedule, buffer, watch, bucket=bucket, iteration=iteration, tag=lane)  # noqa: E731
             devices = None
             worker = worker_for(self.group, lane)
-        if ranges is not None:
-            job = in_bucket_range(job, ranges)
         # DDP reads a failed Python Future as a value ("Unable to cast ... to Tensor"); a
         # callback that re-raises turns it into a real error that keeps our message.
-        return worker.submit(job, devices=devices).then(_value_or_raise)
+        return worker.submit(watch.running(job), devices=devices).then(_value_or_raise)
 
     def _average(
         self, schedule: Schedule, buffer: torch.Tensor, observer: ExecutionObserver, tag: int,
@@ -342,11 +331,11 @@ class HookState:
 
     def close(self) -> None:
         """Stop the worker threads after the queued buckets (they restart on the next bucket),
-        then write the queued telemetry and close its sinks. Safe to call twice."""
+        then close the observation: the advice panel, the timeline, the queued telemetry and
+        its sinks. Safe to call twice."""
         for worker in workers_of(self.group):
             worker.close()
-        close_timeline(self)
-        self.telemetry.close()
+        self.observation.close()
 
     def summary(self) -> str:
         """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw),
@@ -356,7 +345,7 @@ class HookState:
     def advise(self, **options) -> dict:
         """What to change (bucket size, accumulation, algorithm, world size), predicted from this
         run's timeline; see :func:`ddp_ring_hooks.advisor.advise` (``network=`` costs another cluster)."""
-        return advise_state(self, **options)
+        return advise(self.timeline.records(), **options)
 
     # -- checkpoints --------------------------------------------------------------------
 
@@ -374,30 +363,62 @@ class HookState:
 
     def __getstate__(self) -> dict:
         # Process groups and threads cannot be pickled; they are rebuilt on load.
-        skipped = {"process_group", "_failure", "observers", "_reductions_here", "_bucket_index", "_arrivals"}
-        return {name: getattr(self, name) for name in self.__slots__ if name not in skipped}
+        kept = ("algorithm", "algorithm_options", "iteration", "observation", "concurrent_buckets", "_auto",
+                "check_layout_steps")
+        return {"version": _PICKLE_VERSION, **{name: getattr(self, name) for name in kept}}
 
     def __setstate__(self, state: dict) -> None:
-        self.concurrent_buckets = 2  # states pickled before the option existed
-        self.timeline = Timeline()  # ... or the timeline
+        state = _current_pickle(dict(state))
         for name, value in state.items():
             setattr(self, name, value)
         self.process_group = None
         self._failure = None
-        self.observers = ()
         self._reductions_here = self._bucket_index = 0
-        self._arrivals = ArrivalGather(self.telemetry)
 
 
 def _value_or_raise(future: torch.futures.Future) -> torch.Tensor:
     return future.value()
 
 
+#: What ``__getstate__`` writes; 1 was the format with ``telemetry`` and ``timeline`` of their own.
+_PICKLE_VERSION = 2
+
+
+def _current_pickle(state: dict) -> dict:
+    """A pickled state in today's format: version 1 (``telemetry`` and ``timeline`` pickled
+    apart) is read into one observation with the telemetry's options; older ones are refused."""
+    version = state.pop("version", 1)
+    if version == 1:
+        if "telemetry" not in state:
+            raise ValueError(
+                "this HookState was pickled by a ddp_ring_hooks too old to read (it has no telemetry); "
+                "build a new HookState with the same options"
+            )
+        telemetry, _ = state.pop("telemetry"), state.pop("timeline", None)  # the timeline kept only log_dir
+        state["observation"] = Observation(telemetry.options, advice=advice_table)
+        state.setdefault("concurrent_buckets", 2)  # pickled before the option existed
+    elif version != _PICKLE_VERSION:
+        raise ValueError(
+            f"this HookState was pickled by a newer ddp_ring_hooks (format {version}, this one reads up to "
+            f"{_PICKLE_VERSION}); upgrade ddp_ring_hooks to load it"
+        )
+    return state
+
+
+#: ``HookState``'s own options that ``register`` and the Lightning strategy pass on (besides the
+#: algorithm's options and the telemetry fields, ``TELEMETRY_OPTIONS``).
+HOOK_OPTIONS = ("telemetry", "observers", "check_layout_steps", "concurrent_buckets")
+
 #: What ``HookState`` itself takes besides an algorithm's options (for error messages).
-_STATE_OPTIONS = (
-    "process_group", "algorithm", "algorithm_options", *TELEMETRY_OPTIONS, "telemetry", "observers",
-    "check_layout_steps", "concurrent_buckets", "device",
-)
+_STATE_OPTIONS = ("process_group", "algorithm", "algorithm_options", *TELEMETRY_OPTIONS, *HOOK_OPTIONS, "device")
+
+
+def check_counts(*, check_layout_steps: int = 2, concurrent_buckets: int = 2) -> None:
+    """``HookState``'s own numbers, checked (also by the Lightning strategy, when it is built)."""
+    if isinstance(check_layout_steps, bool) or not isinstance(check_layout_steps, int) or check_layout_steps < 0:
+        raise ValueError(f"check_layout_steps must be an integer >= 0, got {check_layout_steps!r}")
+    if isinstance(concurrent_buckets, bool) or not isinstance(concurrent_buckets, int) or concurrent_buckets < 1:
+        raise ValueError(f"concurrent_buckets must be an integer >= 1, got {concurrent_buckets!r}")
 
 
 def _merged_options(mapping: Mapping[str, object] | None, keywords: dict[str, object]) -> dict[str, object]:

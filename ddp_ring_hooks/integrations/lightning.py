@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -54,11 +54,14 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from ..hooks import HookState, register, ring_hook
-from ..hooks.advice import ADVICE_TAG, advice_panel, advice_text
+from ..hooks.advice import advice_text
 from ..hooks.register import reported_comm_hook
+from ..hooks.state import HOOK_OPTIONS, check_counts
 from ..runtime.names import check_algorithm_name, has_schedule
 from ..schedules import resolve_options
-from ..telemetry import Sink, TelemetryOptions, TensorBoardSink
+from ..telemetry import TELEMETRY_OPTIONS, Sink, TelemetryOptions, TensorBoardSink
+from ..telemetry.options import collect_telemetry_options
+from ..telemetry.sinks import ADVICE_TAG, advice_panel
 
 STRATEGY_NAME = "ddp_ring"
 
@@ -74,11 +77,13 @@ class RingDDPStrategy(DDPStrategy):
         algorithm: the all-reduce algorithm, one of :data:`ddp_ring_hooks.ALGORITHMS`, "native"
             (the group's own all-reduce with this hook's telemetry), or "auto".
         algorithm_options: options of that algorithm's schedule builder.
-        log_dir, log_every, trace_steps, per_rank, spread_every, sinks: the hook's telemetry
-            (see :func:`ddp_ring_hooks.register`); all off by default.
-        **kwargs: everything ``DDPStrategy`` takes (``bucket_cap_mb``, ``process_group_backend``,
-            ``timeout``, ``start_method``, ...), except the hook arguments: this strategy owns
-            DDP's single hook slot.
+        **kwargs: every other :class:`~ddp_ring_hooks.HookState` option (``telemetry=``, the
+            telemetry fields ``log_dir``, ``log_every``, ``trace_steps``, ``per_rank``,
+            ``spread_every``, ``sinks``, ..., ``concurrent_buckets``, ``check_layout_steps``,
+            ``observers``; see :func:`ddp_ring_hooks.register`; all watching is off by
+            default), and everything ``DDPStrategy`` takes (``bucket_cap_mb``,
+            ``process_group_backend``, ``timeout``, ``start_method``, ...), except the hook
+            arguments: this strategy owns DDP's single hook slot.
 
     After ``trainer.fit`` starts, :attr:`hook_state` is the :class:`~ddp_ring_hooks.HookState`
     and :attr:`reported_comm_hook` what DDP reports as its hook (``"ring_hook"``).
@@ -95,12 +100,6 @@ class RingDDPStrategy(DDPStrategy):
         algorithm: str = "ring",
         *,
         algorithm_options: Mapping[str, Any] | None = None,
-        log_dir: str | None = None,
-        log_every: int = 1,
-        trace_steps: int | tuple[int, int] | None = None,
-        per_rank: bool = False,
-        spread_every: int = 0,
-        sinks: Sequence[Sink] = (),
         **kwargs: Any,
     ) -> None:
         for owned in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
@@ -112,18 +111,15 @@ class RingDDPStrategy(DDPStrategy):
         check_algorithm_name(algorithm)
         if has_schedule(algorithm):  # a typo in the options fails here, not when fit starts
             resolve_options(algorithm, algorithm_options)  # (auto and native: when the hook is built)
+        # The hook's options, sorted out of DDPStrategy's and checked here, not when fit starts.
+        telemetry_fields = {name: kwargs.pop(name) for name in TELEMETRY_OPTIONS if name in kwargs}
+        hook_options = {name: kwargs.pop(name) for name in HOOK_OPTIONS if name in kwargs}
+        self._telemetry: TelemetryOptions = collect_telemetry_options(hook_options.pop("telemetry", None), telemetry_fields)
+        check_counts(**{name: hook_options[name] for name in ("check_layout_steps", "concurrent_buckets") if name in hook_options})
         super().__init__(**kwargs)
         self.algorithm = algorithm
         self._algorithm_options = dict(algorithm_options or {})
-        self._telemetry_options = {
-            "log_dir": log_dir,
-            "log_every": log_every,
-            "trace_steps": trace_steps,
-            "per_rank": per_rank,
-            "spread_every": spread_every,
-        }
-        TelemetryOptions.checked(**self._telemetry_options)  # a bad value fails here, not when fit starts
-        self._sinks = tuple(sinks)
+        self._hook_options = hook_options
         # Sinks added by callbacks (CommTimingLogger) for the current fit only: a second fit
         # brings its own logger, so they are dropped at teardown.
         self._fit_sinks: list[Sink] = []
@@ -148,12 +144,10 @@ class RingDDPStrategy(DDPStrategy):
         if self.hook_state is not None:  # a second fit with the same strategy object
             self.hook_state.close()
         self.hook_state = register(
-            self.model,
-            algorithm=self.algorithm,
-            sinks=(*self._sinks, *self._fit_sinks),
-            **self._telemetry_options,
-            **self._algorithm_options,
+            self.model, algorithm=self.algorithm, telemetry=self._telemetry, **self._hook_options, **self._algorithm_options,
         )
+        for sink in self._fit_sinks:
+            self.hook_state.telemetry.add_sink(sink)
         self._fitting = True
         self.reported_comm_hook = reported_comm_hook(self.model)
         if self.reported_comm_hook != ring_hook.__qualname__:

@@ -2,7 +2,7 @@
 
 from .all_reduce import all_reduce
 from .executor import run_schedule
-from .observer import NULL_OBSERVER, ExecutionObserver, combine_observers
+from .observer import NULL_OBSERVER, ExecutionObserver, FanOut, combine_observers
 from .worker import CommWorker, worker_for, workers_of
 
-__all__ = ["NULL_OBSERVER", "CommWorker", "ExecutionObserver", "all_reduce", "combine_observers", "run_schedule", "worker_for", "workers_of"]
+__all__ = ["NULL_OBSERVER", "CommWorker", "ExecutionObserver", "FanOut", "all_reduce", "combine_observers", "run_schedule", "worker_for", "workers_of"]

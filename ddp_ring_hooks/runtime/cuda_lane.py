@@ -7,8 +7,9 @@ and ``torch.futures`` semantics; none of this has run on a GPU yet, see ``docs/g
   called on the autograd thread, whose current stream is backward's compute stream. If the
   schedule's ``work.wait()`` calls and additions were enqueued there, every kernel of earlier
   layers would queue behind the whole ring. So the hook records an event on the compute stream
-  *at the moment the bucket is handed over* (:func:`mark_handed_over`), and the worker makes
-  the side stream wait for that event (``cudaStreamWaitEvent``, no host wait) as the first
+  *at the moment the bucket is handed over* (the hook's hand-over mark, which telemetry's timer
+  also reads), and the worker makes the side stream wait for that event
+  (:func:`wait_handed_over`: ``cudaStreamWaitEvent``, no host wait) as the first
   thing of the bucket's job, not at hand-over: a wait queued at hand-over would hold back
   everything the worker is still queuing for the *previous* bucket. Everything of the bucket
   after that goes on the side stream: NCCL's own stream waits for the side stream at
@@ -98,16 +99,11 @@ def stream_after_current(device: torch.device, owner: object = "native") -> torc
     return stream
 
 
-def mark_handed_over(device: torch.device) -> torch.cuda.Event:
-    """On the hook thread: an event after the kernels that produced the bucket (the current
-    stream's work so far). The worker's :func:`wait_handed_over` orders its stream after it."""
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(device))
-    return event
-
-
 def wait_handed_over(event: torch.cuda.Event) -> None:
-    """On the worker: make its current (side) stream wait for ``event``; no host wait."""
+    """On the worker: make its current (side) stream wait for ``event``, recorded on the hook
+    thread's current (compute) stream as the bucket was handed over; no host wait. The wait
+    takes the event as recorded now: recording it again later (the timer recycles its events
+    once read) does not change what the stream waits for (CUDA's ``cudaStreamWaitEvent``)."""
     torch.cuda.current_stream().wait_event(event)
 
 

@@ -3,6 +3,10 @@
 The executor calls an observer at phase boundaries and after each step completes. The base
 class does nothing, so an observer overrides only what it needs. Observers must be cheap:
 they run on the communication path (on CUDA they may record events, never synchronize).
+
+A new callback is added in this file alone: a no-op method on :class:`ExecutionObserver`, its
+forwarding in :class:`FanOut` (which the hook's per-bucket watch,
+``telemetry.watcher.BucketWatch``, inherits), and the executor's call.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class ExecutionObserver:
 NULL_OBSERVER = ExecutionObserver()
 
 
-class _FanOut(ExecutionObserver):
+class FanOut(ExecutionObserver):
     """Forwards every call to several observers, in order."""
 
     def __init__(self, observers: Sequence[ExecutionObserver]) -> None:
@@ -53,4 +57,4 @@ def combine_observers(*observers: ExecutionObserver) -> ExecutionObserver:
     active = [observer for observer in observers if observer is not NULL_OBSERVER]
     if not active:
         return NULL_OBSERVER
-    return active[0] if len(active) == 1 else _FanOut(active)
+    return active[0] if len(active) == 1 else FanOut(active)

@@ -1,9 +1,16 @@
-"""The telemetry options, listed and checked in one place.
+"""The telemetry options: defined once, checked once, collected in one place.
 
-``Telemetry``, ``HookState``, ``register`` and the Lightning strategy take these names; the
-checks run when the object is built, so a bad value fails at construction with a message
-that names the option and the fix (a ``log_dir`` that cannot be written, a trace window
-without a ``log_dir``), not later on the writer thread.
+:class:`TelemetryOptions` is the one definition: its fields are the options' names, defaults
+and checks. ``HookState``, ``register`` and the Lightning strategy take either a
+``telemetry=TelemetryOptions(...)`` (or a ready :class:`~.recorder.Telemetry`) or the same
+fields as keywords, and :func:`collect_telemetry_options` is where the two meet: a field given
+both ways is an error that names it, never a value silently dropped. Every watcher of the
+observation (:mod:`.observation`) reads the one options object, so every field reaches every
+watcher.
+
+The checks run when the options are built, so a bad value fails at construction with a
+message that names the option and the fix (a ``log_dir`` that cannot be written, a trace
+window without a ``log_dir``), not later on the writer thread.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ import dataclasses
 import hashlib
 import os
 import tempfile
+from collections.abc import Mapping
+
 
 def group_log_dir(log_dir: str, group=None) -> str:
     """Where a hook group's files go: ``log_dir`` itself when the group is every rank, else
@@ -44,37 +53,87 @@ def group_dir_name(ranks) -> str:
     return f"group_{first}_{digest}"
 
 
-#: Every telemetry option a hook state, ``register`` or the Lightning strategy accepts.
-TELEMETRY_OPTIONS = ("log_dir", "log_every", "trace_steps", "per_rank", "spread_every", "sinks")
-
-
 @dataclasses.dataclass(frozen=True)
 class TelemetryOptions:
-    """Checked telemetry options (see :class:`~.recorder.Telemetry` for what each means)."""
+    """Every telemetry option, checked when built (``ValueError`` naming the option and the fix).
 
-    log_dir: str | None
-    log_every: int
-    trace_steps: range | None
-    per_rank: bool
-    spread_every: int
-    capacity: int
-    summary_window: int
+    Args:
+        log_dir: write TensorBoard events, the trace and the advisor's ``timeline.jsonl`` here;
+            the group's rank 0 only unless ``per_rank``.
+        log_every: observe every N-th optimizer step (1: every step).
+        trace_steps: steps for a Chrome/Perfetto trace ``log_dir/comm_trace.json``: a
+            ``(start, stop)`` pair of optimizer steps (``stop`` excluded) or a count N, which
+            means the N steps after the first (step 1 runs DDP's provisional bucket layout).
+            Kept as a ``range``.
+        per_rank: every rank writes to ``log_dir/rank_{r}`` (to compare ranks in TensorBoard).
+        spread_every: every N-th step, gather when each rank arrived (handed its last bucket
+            over) and log the straggler, its cost, the arrival spread and the ranks' step
+            times (0: never).
+        sinks: more sinks (e.g. :class:`~.sinks.MemorySink`), on every rank, fed logged steps;
+            they are not pickled (a sink holds files or memory of this process).
+        capacity: how many finished steps may wait for the writer before new ones are dropped.
+        summary_window: how many recent samples per bucket the summary's percentiles use.
 
-    @classmethod
-    def checked(
-        cls, *, log_dir=None, log_every=1, trace_steps=None, per_rank=False, spread_every=0,
-        capacity=1024, summary_window=1024,
-    ) -> TelemetryOptions:
-        """The options, each checked; raises ``ValueError`` naming the option and the fix."""
-        return cls(
-            log_dir=_writable_log_dir(log_dir),
-            log_every=_positive_int("log_every", log_every),
-            trace_steps=_trace_window(trace_steps, log_dir),
-            per_rank=_per_rank(per_rank, log_dir),
-            spread_every=_non_negative_int("spread_every", spread_every),
-            capacity=_positive_int("capacity", capacity),
-            summary_window=_positive_int("summary_window", summary_window),
+    Nothing is observed unless ``log_dir``, ``spread_every`` or ``sinks`` ask for it.
+    """
+
+    log_dir: str | os.PathLike | None = None
+    log_every: int = 1
+    trace_steps: int | tuple[int, int] | range | None = None
+    per_rank: bool = False
+    spread_every: int = 0
+    sinks: tuple = ()
+    capacity: int = 1024
+    summary_window: int = 1024
+
+    def __post_init__(self) -> None:
+        checked = {
+            "log_dir": _writable_log_dir(self.log_dir),
+            "log_every": _positive_int("log_every", self.log_every),
+            "trace_steps": _trace_window(self.trace_steps, self.log_dir),
+            "per_rank": _per_rank(self.per_rank, self.log_dir),
+            "spread_every": _non_negative_int("spread_every", self.spread_every),
+            "sinks": _sinks(self.sinks),
+            "capacity": _positive_int("capacity", self.capacity),
+            "summary_window": _positive_int("summary_window", self.summary_window),
+        }
+        for name, value in checked.items():  # normalized (a str log_dir, a range, a tuple)
+            object.__setattr__(self, name, value)
+
+    # Pickled without the sinks (they hold files, writers, memory of this process). States
+    # pickled before a field existed get its default.
+    def __getstate__(self) -> dict:
+        return {name: getattr(self, name) for name in TELEMETRY_OPTIONS if name != "sinks"}
+
+    def __setstate__(self, state: dict) -> None:
+        for field in dataclasses.fields(self):
+            object.__setattr__(self, field.name, state.get(field.name, field.default))
+
+
+#: Every telemetry option, by name: the fields of :class:`TelemetryOptions`.
+TELEMETRY_OPTIONS = tuple(field.name for field in dataclasses.fields(TelemetryOptions))
+
+
+def collect_telemetry_options(given: TelemetryOptions | None, fields: Mapping[str, object]) -> TelemetryOptions:
+    """The one place telemetry options are collected: ``given`` (``telemetry=``) or ``fields``
+    (the same options as keywords), not the same option both ways.
+
+    Raises ``ValueError`` naming every option given both ways; keywords that are not telemetry
+    options are the caller's to sort out before (``HookState`` hands them to the algorithm).
+    """
+    if given is None:
+        return TelemetryOptions(**fields)
+    if not isinstance(given, TelemetryOptions):
+        raise TypeError(f"telemetry= takes TelemetryOptions(...) (HookState also a ready Telemetry(...)), got {type(given).__name__}")
+    twice = sorted(fields)
+    if twice:
+        names = ", ".join(map(repr, twice))
+        raise ValueError(
+            f"telemetry option{'s' if len(twice) > 1 else ''} {names} given twice: in telemetry= and as "
+            f"{'keywords' if len(twice) > 1 else 'a keyword'}; put {'them' if len(twice) > 1 else 'it'} into "
+            "the telemetry object (e.g. Telemetry(log_dir=..., spread_every=...)) or pass only keywords"
         )
+    return given
 
 
 def _positive_int(name: str, value) -> int:
@@ -112,6 +171,8 @@ def _trace_window(trace_steps, log_dir) -> range | None:
         return None
     if log_dir is None:
         raise ValueError("trace_steps needs log_dir=PATH: the trace is written to log_dir/comm_trace.json")
+    if isinstance(trace_steps, range) and trace_steps.step == 1 and 1 <= trace_steps.start < trace_steps.stop:
+        return trace_steps
     if isinstance(trace_steps, int) and not isinstance(trace_steps, bool):
         return range(2, 2 + _positive_int("trace_steps", trace_steps))
     if (
@@ -130,6 +191,13 @@ def _per_rank(per_rank: bool, log_dir) -> bool:
     if per_rank and log_dir is None:
         raise ValueError("per_rank=True writes each rank to log_dir/rank_{r}; pass log_dir=PATH too")
     return bool(per_rank)
+
+
+def _sinks(sinks) -> tuple:
+    sinks = tuple(sinks)
+    for sink in sinks:
+        check_sink(sink)
+    return sinks
 
 
 def check_sink(sink) -> None:

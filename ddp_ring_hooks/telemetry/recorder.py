@@ -1,68 +1,60 @@
-"""``Telemetry``: per-bucket observers on the hot path, records and sinks off it.
+"""``Telemetry``: the per-bucket recorder, a watcher of the observation; records and sinks off the hot path.
 
 The path of one step's numbers::
 
-    hook thread          worker / stream           writer thread (daemon)        sinks
-    observe_bucket() --> on_phase / on_finish --> queue (bounded) --> resolve --> TensorBoard
-    (mark: handed)       (marks: phases, end)     full? drop + count   marks->ms   trace, summary
+    hook thread        the bucket's thread         writer thread (daemon)         sinks
+    hand_over()  -->   on_phase / on_finish  -->   queue (bounded) --> read  -->  TensorBoard
+    (mark: handed)     (marks: phases, end)        full? drop + count  marks->ms  trace, summary
 
-1. When DDP hands a bucket to the hook, :meth:`Telemetry.observe_bucket` takes a mark
-   (``handed``) and returns a :class:`BucketObserver` that the executor calls as it runs:
-   a mark at each phase (the first phase starts the communication), one at the end.
-2. When the step's last bucket finishes, its raw marks go into a bounded queue with one
-   non-blocking ``put``. If the queue is full the step is dropped and counted: the training
-   loop never waits for a disk, and memory stays flat however long the run.
-3. A writer thread turns marks into a :class:`~.records.StepRecord` (on CUDA it first polls
-   ``event.query()`` until the events are complete; it never synchronizes) and hands the
-   record to the sinks whose steps it belongs to.
+1. The observation (:mod:`.observation`) marks the buckets of the steps this recorder wants
+   (:meth:`Telemetry.wants_marks`): the hand-over, each phase (the first one starts the
+   communication), the end.
+2. When the step's last bucket finishes (:meth:`Telemetry.on_step_done`), the step goes into
+   a bounded queue with one non-blocking ``put``. If the queue is full the step is dropped and
+   counted: the training loop never waits for a disk, and memory stays flat however long the run.
+3. A writer thread reads the marks (:meth:`~.watcher.StepWatch.read`: on CUDA it first polls
+   ``event.query()`` until the events are complete; it never synchronizes), makes a
+   :class:`~.records.StepRecord` and hands it to the sinks whose steps it belongs to.
 
-Only steps that something wants are observed (``log_every``, the trace window, spread
-steps); other steps cost one integer comparison. The hook group's rank 0 writes files by
-default (to ``log_dir/group_0-3``, named by its ranks, for a group that is not every rank:
-:func:`.options.group_log_dir`); with
-``per_rank=True`` every rank writes to ``log_dir/rank_{r}``. Every rank keeps its own summary.
+Only steps that something wants are marked (``log_every``, the trace window, spread steps);
+other steps cost one integer comparison. The hook group's rank 0 writes files by default (to
+``log_dir/group_0-3``, named by its ranks, for a group that is not every rank:
+:func:`.options.group_log_dir`); with ``per_rank=True`` every rank writes to
+``log_dir/rank_{r}``. Every rank keeps its own summary.
 
-Across ranks (``spread_every=N``, and the steps of the trace window): the hook state gathers
-every rank's arrival (:class:`~.records.RankArrivals`) after the step, on a worker of its own
-(``hooks/arrivals.py``), and hands the result to :meth:`Telemetry.record_ranks`; telemetry
-only records it, and offers each rank's ``total_ms`` (:meth:`Telemetry.take_step_total_ms`)
-and trace events (:meth:`Telemetry.local_trace_events`) to gather. At the end of the trace
-window rank 0 receives every rank's trace events (:meth:`Telemetry.add_peer_traces`) and
-writes one merged, aligned ``comm_trace.json``.
-
-Telemetry never imports ``hooks``: the hook state calls it, not the other way round. Homes:
-this module runs the writer thread and routes records to sinks; the marks of one bucket and
-how they become records are in :mod:`.bucket_marks`; the options and their checks in
-:mod:`.options`; the sinks in :mod:`.sinks`.
+Across ranks (``spread_every=N``, and the steps of the trace window) the arrivals watcher
+(:mod:`.arrivals`) gathers every rank's arrival after the step and hands the result to
+:meth:`Telemetry.record_ranks`; this recorder only records it, and offers its trace events
+(:meth:`Telemetry.local_trace_events`) to gather. At the end of the trace window rank 0
+receives every rank's trace events (:meth:`Telemetry.add_peer_traces`) and writes one merged,
+aligned ``comm_trace.json``. Homes: the options and their checks are in :mod:`.options`; marks
+to records in :mod:`.bucket_marks`; the sinks in :mod:`.sinks`, :mod:`.trace`, :mod:`.summary`.
 """
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
-import math
 import os
 import queue
 import threading
-import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-import torch
 import torch.distributed as dist
 
-from ..runtime.observer import NULL_OBSERVER, ExecutionObserver
-from .bucket_marks import BucketObserver, PendingStep, resolve_step, step_busy_ms
-from .options import TelemetryOptions, check_sink, group_log_dir
+from .bucket_marks import step_record
+from .options import TelemetryOptions, check_sink, collect_telemetry_options, group_log_dir
 from .records import RankArrivals
-from .sinks import Sink, SummaryTable, TensorBoardSink, TraceSink
+from .sinks import Sink, TensorBoardSink
 from .stragglers import StragglerTally
-from .timer import DeviceTimers, HostTimer
+from .summary import SummaryTable
+from .trace import TraceSink
+from .watcher import StepWatch, Watcher
 
 _STOP = object()
 _CLOSE_TIMEOUT_S = 30.0
-_KEPT_TOTALS = 64  # steps' totals waiting for the hook state's gather
 TRACE_FILE = "comm_trace.json"
 
 
@@ -73,23 +65,21 @@ class _PeerTraces:
     traces: tuple[tuple[int, list[dict], float], ...]
 
 
-class Telemetry:
+@dataclasses.dataclass(frozen=True)
+class _Text:
+    """A text panel for this rank's own files (the advisor's, at close)."""
+
+    tag: str
+    text: str
+
+
+class Telemetry(Watcher):
     """Per-bucket communication timing for one hook state, written to sinks off the hot path.
 
     Args:
-        log_dir: write TensorBoard events (and the trace) here; the group's rank 0 only unless
-            ``per_rank``.
-        log_every: observe every N-th optimizer step (1: every step).
-        trace_steps: steps for a Chrome/Perfetto trace ``log_dir/comm_trace.json``: a
-            ``(start, stop)`` pair of optimizer steps (``stop`` excluded) or a count N, which
-            means the N steps after the first (step 1 runs DDP's provisional bucket layout).
-        per_rank: every rank writes to ``log_dir/rank_{r}`` (to compare ranks in TensorBoard).
-        spread_every: every N-th step, gather when each rank arrived (handed its last
-            bucket over) and log the straggler, its cost, the arrival spread and the ranks'
-            step times (0: never; needs the hook state, which gathers them).
-        sinks: more sinks (e.g. :class:`~.sinks.MemorySink`), on every rank, fed logged steps.
-        capacity: how many finished steps may wait for the writer before new ones are dropped.
-        summary_window: how many recent samples per bucket the summary's percentiles use.
+        options: a :class:`~.options.TelemetryOptions`, or ``None`` and its fields as keywords
+            (``log_dir``, ``log_every``, ``trace_steps``, ``per_rank``, ``spread_every``,
+            ``sinks``, ``capacity``, ``summary_window``: what each means is documented there).
 
     With no argument it is a null telemetry: nothing is observed and nothing written.
 
@@ -101,38 +91,16 @@ class Telemetry:
         >>> print(state.summary()); state.close()
     """
 
-    def __init__(
-        self,
-        *,
-        log_dir: str | os.PathLike | None = None,
-        log_every: int = 1,
-        trace_steps: int | tuple[int, int] | None = None,
-        per_rank: bool = False,
-        spread_every: int = 0,
-        sinks: Iterable[Sink] = (),
-        capacity: int = 1024,
-        summary_window: int = 1024,
-    ) -> None:
-        self._options = TelemetryOptions.checked(
-            log_dir=log_dir, log_every=log_every, trace_steps=trace_steps, per_rank=per_rank,
-            spread_every=spread_every, capacity=capacity, summary_window=summary_window,
-        )
-        self._user_sinks = tuple(sinks)
-        for sink in self._user_sinks:
-            check_sink(sink)
+    def __init__(self, options: TelemetryOptions | None = None, **fields) -> None:
+        self.options = collect_telemetry_options(options, fields)
         self._reset_runtime()
 
     # -- configuration ---------------------------------------------------------------------
 
     @property
-    def options(self) -> TelemetryOptions:
-        """The checked options this telemetry was built with."""
-        return self._options
-
-    @property
     def enabled(self) -> bool:
         """Whether anything is observed at all (False for the null telemetry)."""
-        options = self._options
+        options = self.options
         asked = options.log_dir or options.spread_every or len(self._routes) > 1  # more than the summary
         return not self._closed and bool(asked)
 
@@ -152,101 +120,54 @@ class Telemetry:
         self._routes = (*self._routes, (sink, steps or self._is_log_step))
 
     def _is_log_step(self, step: int) -> bool:
-        return step % self._options.log_every == 0
+        return step % self.options.log_every == 0
 
     def _is_spread_step(self, step: int) -> bool:
-        every = self._options.spread_every
+        every = self.options.spread_every
         return every > 0 and step % every == 0
 
     def _is_trace_step(self, step: int) -> bool:
-        window = self._options.trace_steps
+        window = self.options.trace_steps
         return window is not None and step in window
 
     def gathers_ranks(self, step: int) -> bool:
-        """Whether the hook state should gather every rank's arrival at ``step`` (spread steps,
-        and trace steps so the merged trace shows who waited)."""
+        """Whether every rank's arrival is gathered at ``step`` (spread steps, and trace steps
+        so the merged trace shows who waited)."""
         return self.enabled and (self._is_spread_step(step) or self._is_trace_step(step))
 
     def merges_trace_at(self, step: int) -> bool:
         """Whether rank 0 gathers every rank's trace events after ``step`` (the window's last
         step; with ``per_rank`` each rank writes its own file and ``trace merge`` joins them)."""
-        window = self._options.trace_steps
-        return window is not None and not self._options.per_rank and step == window[-1]
+        window = self.options.trace_steps
+        return window is not None and not self.options.per_rank and step == window[-1]
 
     def _wants(self, step: int) -> bool:
         return self._is_log_step(step) or self._is_spread_step(step) or self._is_trace_step(step)
 
-    # -- hot path (hook thread, communication worker) --------------------------------------
+    # -- watching (hook thread, then the thread of the step's last bucket) -------------------
 
-    def observe_bucket(
-        self,
-        buffer: torch.Tensor,
-        *,
-        step: int,
-        index: int,
-        is_last: bool,
-        algorithm: str,
-        group: dist.ProcessGroup | None = None,
-    ) -> ExecutionObserver:
-        """An observer for bucket ``index`` of ``step``, which DDP just handed over (call it on
-        the hook thread; DDP hands buckets over in index order)."""
-        if not self.enabled:
-            return NULL_OBSERVER
-        if step != self._open_step:
-            self._open_step = step
-            self._pending = PendingStep(step, self._start(group)) if self._wants(step) else None
-        pending = self._pending
-        if pending is None:
-            return NULL_OBSERVER
-        observer = BucketObserver(
-            self, pending, self._timers.for_buffer(buffer), index=index, buffer=buffer, algorithm=algorithm,
-            world_size=dist.get_world_size(group), group=group,
-        )
-        with self._step_lock:
-            pending.buckets.append(observer)
-            pending.last_handed = is_last
-        return observer
+    def wants_marks(self, step: int) -> bool:
+        return self.enabled and self._wants(step)
 
-    def _bucket_finished(self, bucket: BucketObserver) -> None:
-        """Called from the worker that reduced ``bucket``: the step's last bucket to finish
-        (not always the last handed over) completes the step."""
-        with self._step_lock:
-            pending, bucket.pending = bucket.pending, None
-            if pending is None:
-                return
-            pending.finished += 1
-            if not (pending.last_handed and pending.finished == len(pending.buckets)):
-                return
-        self._finish_step(pending, bucket.group)
-
-    def _finish_step(self, pending: PendingStep, group) -> None:
-        """The step's last bucket is reduced: keep its total for the ranks' gather, queue the marks."""
-        if self.gathers_ranks(pending.step) and isinstance(pending.buckets[0].timer, HostTimer):
-            with self._step_lock:  # CUDA marks are not resolved yet: its total stays unknown
-                self._step_totals[pending.step] = step_busy_ms(pending.buckets)
-                if len(self._step_totals) > _KEPT_TOTALS:  # nobody took them (no hook state gathers)
-                    del self._step_totals[next(iter(self._step_totals))]
-        pending.dropped = self._dropped
+    def on_step_done(self, step: StepWatch) -> None:
+        """Every bucket of ``step`` finished: queue it for the writer (never blocks)."""
+        if not self.wants_marks(step.step):  # marked for another watcher
+            return
+        self._start(step.group)
         try:
-            self._queue.put_nowait(pending)
+            self._queue.put_nowait((step, self._dropped))
         except queue.Full:
             self._count_dropped()
 
     def _count_dropped(self) -> None:
-        # Called from the comm workers, the arrivals worker and the writer: one lock.
-        with self._step_lock:
+        # Called from the comm workers, the exchange worker and the writer: one lock.
+        with self._lock:
             self._dropped += 1
 
-    # -- across ranks: the hook state gathers, telemetry records ------------------------------
-
-    def take_step_total_ms(self, step: int) -> float:
-        """This rank's ``total_ms`` of ``step`` once all its buckets finished (NaN if unknown),
-        for the hook state's gather; forgotten after this call."""
-        with self._step_lock:
-            return self._step_totals.pop(step, math.nan)
+    # -- across ranks: the arrivals watcher gathers, this recorder records --------------------
 
     def record_ranks(self, record: RankArrivals) -> None:
-        """Record what the hook state gathered across ranks (never blocks; full queue: dropped)."""
+        """Record what was gathered across ranks (never blocks; full queue: dropped)."""
         try:
             self._queue.put_nowait(record)
         except queue.Full:
@@ -262,26 +183,32 @@ class Telemetry:
         into its trace file, shifted onto its clock."""
         self._queue.put(_PeerTraces(tuple(traces)), timeout=_CLOSE_TIMEOUT_S)
 
+    def write_text(self, tag: str, text: str, *, group=None) -> None:
+        """A text panel into this rank's own TensorBoard run (``log_dir``), at step 0."""
+        if self._closed or self.options.log_dir is None:
+            return
+        self._start(group)
+        self._queue.put(_Text(tag, text), timeout=_CLOSE_TIMEOUT_S)
+
     # -- starting, flushing, closing -------------------------------------------------------
 
-    def _start(self, group=None) -> int:
-        """On the first observed step: learn this process's rank in the hook's group and where
-        the group writes (:func:`~.options.group_log_dir`), start the writer thread. Returns
-        the rank."""
-        if self._rank is not None:
-            return self._rank
-        initialized = dist.is_available() and dist.is_initialized()
-        self._rank = dist.get_rank(group) if initialized else 0
-        if self._options.log_dir is not None:
-            self._directory = group_log_dir(self._options.log_dir, group) if initialized else self._options.log_dir
-        self._writer = threading.Thread(target=self._write_loop, name="ddp-ring-hooks-telemetry", daemon=True)
-        self._writer.start()
+    def _start(self, group=None) -> None:
+        """On the first recorded step: learn this process's rank in the hook's group and where
+        the group writes (:func:`~.options.group_log_dir`), start the writer thread."""
+        with self._lock:
+            if self._writer is not None:
+                return
+            initialized = dist.is_available() and dist.is_initialized()
+            self._rank = dist.get_rank(group) if initialized else 0
+            if self.options.log_dir is not None:
+                self._directory = group_log_dir(self.options.log_dir, group) if initialized else self.options.log_dir
+            self._writer = threading.Thread(target=self._write_loop, name="ddp-ring-hooks-telemetry", daemon=True)
+            self._writer.start()
         atexit.register(_close_at_exit, weakref.ref(self))
-        return self._rank
 
     def _file_sinks(self, rank: int) -> list[tuple[Sink, Callable[[int], bool]]]:
         """TensorBoard and trace sinks of this rank (built on the writer thread: file I/O)."""
-        options = self._options
+        options = self.options
         if options.log_dir is None:
             return []
         if not (options.per_rank or rank == 0):
@@ -342,7 +269,7 @@ class Telemetry:
         if self._sink_failures:  # the table counts what was measured, not what was written
             text += (f"\n  WARNING: {self._sink_failures} telemetry sink failures, so some of these steps "
                      f"are missing from the files; first: {self._first_sink_error}")
-        if self._options.spread_every:
+        if self.options.spread_every:
             text += f"\n{self._stragglers.render()}"
         return text
 
@@ -362,20 +289,32 @@ class Telemetry:
                 self._flush_sinks()
                 item.set()
                 continue
-            if isinstance(item, RankArrivals | _PeerTraces):
+            if isinstance(item, RankArrivals | _PeerTraces | _Text):
                 self._deliver(item)
                 continue
-            record = self._guard(lambda: resolve_step(item, deadline=time.monotonic() + _CLOSE_TIMEOUT_S))
-            if record is None:  # its CUDA events never completed (or resolving failed): counted
+            step, dropped = item
+            record = self._guard(lambda: self._record_of(step, dropped))
+            if record is None:  # its CUDA events never completed (or reading failed): counted
                 self._count_dropped()
                 continue
             for sink, wants in self._all_routes():
                 if wants(record.step):
                     self._guard(lambda: sink.write(record))
 
-    def _deliver(self, item: RankArrivals | _PeerTraces) -> None:
+    @staticmethod
+    def _record_of(step: StepWatch, dropped: int):
+        clocks = step.read(_CLOSE_TIMEOUT_S)
+        return None if clocks is None else step_record(step, clocks, dropped=dropped)
+
+    def _deliver(self, item: RankArrivals | _PeerTraces | _Text) -> None:
         """Gathered ranks of spread steps go to every sink that takes them (``write_ranks``),
-        those of trace steps to the trace; peer traces to the trace file."""
+        those of trace steps to the trace; peer traces to the trace file; text to this rank's
+        own TensorBoard run."""
+        if isinstance(item, _Text):
+            for sink, _ in self._file_routes:
+                if isinstance(sink, TensorBoardSink):
+                    self._guard(lambda: sink.write_text(item.tag, item.text, 0))
+            return
         spread = isinstance(item, RankArrivals) and self._is_spread_step(item.step)
         if spread:
             self._stragglers.add(item)
@@ -406,17 +345,14 @@ class Telemetry:
     # -- pickling: options survive, threads, sinks and marks do not -----------------------
 
     def _reset_runtime(self) -> None:
-        self._summary = SummaryTable(window=self._options.summary_window)
-        self._stragglers = StragglerTally(window=self._options.summary_window)
-        self._step_totals: dict[int, float] = {}
-        self._routes: tuple = ((self._summary, self._is_log_step), *((s, self._is_log_step) for s in self._user_sinks))
+        options = self.options
+        self._summary = SummaryTable(window=options.summary_window)
+        self._stragglers = StragglerTally(window=options.summary_window)
+        self._routes: tuple = ((self._summary, self._is_log_step), *((s, self._is_log_step) for s in options.sinks))
         self._file_routes: tuple = ()
-        self._queue: queue.Queue = queue.Queue(maxsize=self._options.capacity)
+        self._queue: queue.Queue = queue.Queue(maxsize=options.capacity)
         self._dropped = 0
-        self._timers = DeviceTimers()
-        self._open_step = 0
-        self._step_lock = threading.Lock()
-        self._pending: PendingStep | None = None
+        self._lock = threading.Lock()
         self._rank: int | None = None
         self._directory: str | None = None
         self._writer: threading.Thread | None = None
@@ -426,11 +362,10 @@ class Telemetry:
         self._first_sink_error: str | None = None
 
     def __getstate__(self) -> dict:
-        return {"options": self._options}
+        return {"options": self.options}  # which pickles without its sinks
 
     def __setstate__(self, state: dict) -> None:
-        self._options = state["options"]
-        self._user_sinks = ()
+        self.options = state["options"]
         self._reset_runtime()
 
 

@@ -127,7 +127,8 @@ class RankArrivals:
     ``clock_error_ms``). Tuples are indexed by group rank.
 
     ``first_ms`` / ``last_ms``: first and last bucket handed over; ``total_ms``: each rank's
-    communication time in the step (``StepRecord.total_ms``; NaN where unknown, e.g. CUDA).
+    communication time in the step (``StepRecord.total_ms``; NaN where unknown: a CUDA event
+    that did not complete in time).
     ``rank`` is the rank that recorded this copy (every rank gets the same numbers).
     """
 

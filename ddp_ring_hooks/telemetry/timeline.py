@@ -27,11 +27,14 @@ step with another bucket size, accumulation or algorithm, the advisor
 - **the run**: world size, algorithm, lanes, DDP's bucket cap and first-bucket cap, every
   parameter's gradient bytes in registration order, cores and threads.
 
-Each finished step is one JSON line in ``log_dir/timeline.jsonl`` (rank 0; the first line
-describes the run; the first ``FILE_STEPS`` steps, then one in ``THIN_EVERY``, so a long run
-leaves a small file) and stays in memory (the last ``keep`` steps): advice works offline from
-``log_dir`` and live from ``state.advise()``. Cost: a few clock reads per micro-batch and
-bucket, and one short line written per step.
+A watcher of the observation (:mod:`.observation`): the bucket times are the observation's
+own marks (hand-over, first phase, end, the worker's CPU time), numbered with the hook state's
+step. Each finished step is one :class:`~.timeline_records.TimelineStep` line in
+``log_dir/timeline.jsonl`` (rank 0; the first line, a :class:`~.timeline_records.TimelineRun`,
+describes the run; the first ``FILE_STEPS`` steps of this run, then one in ``THIN_EVERY``, so a
+long run leaves a small file) and stays in memory (the last ``keep`` steps): advice works
+offline from ``log_dir`` and live from ``state.advise()``. Cost: a few clock reads per
+micro-batch, and one short line written per step.
 
 Telemetry never imports ``hooks`` or ``advisor``: the hook state feeds this, the advisor reads it.
 """
@@ -49,8 +52,10 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_leaves
 
-from ..runtime.observer import NULL_OBSERVER, ExecutionObserver
+from .bucket_marks import BucketClocks
 from .options import group_log_dir
+from .timeline_records import TimelineBucket, TimelineRecord, TimelineRun, TimelineStep, record_from_json
+from .watcher import Watcher
 
 TIMELINE_FILE = "timeline.jsonl"
 #: Steps written to the file: all of the first FILE_STEPS, then one in THIN_EVERY.
@@ -58,40 +63,11 @@ FILE_STEPS, THIN_EVERY = 1000, 100
 
 
 def _now_ms() -> float:
-    return time.perf_counter() * 1e3
-
-
-class _BucketMarks(ExecutionObserver):
-    """One bucket: handed over (hook thread), communication start and end (worker thread)."""
-
-    __slots__ = ("index", "nbytes", "handed", "start", "end", "cpu_start", "cpu_thread", "cpu_ms")
-
-    def __init__(self, index: int, nbytes: int) -> None:
-        self.index, self.nbytes = index, nbytes
-        self.handed = _now_ms()
-        self.start: float | None = None
-        self.end: float | None = None
-        self.cpu_start = 0.0
-        self.cpu_thread: int | None = None
-        self.cpu_ms = 0.0
-
-    def on_phase(self, phase: str) -> None:
-        if self.start is None:  # the first phase starts the communication
-            self.start = _now_ms()
-            self.cpu_start, self.cpu_thread = time.thread_time(), threading.get_ident()
-
-    def on_finish(self) -> None:
-        self.end = _now_ms()
-        if self.start is None:  # an executor without phases: timed from the hand-over
-            self.start = self.handed
-        elif self.cpu_thread == threading.get_ident():
-            # A thread's CPU clock: only meaningful when one thread ran the whole all-reduce.
-            # native starts it on the hook thread and finishes in gloo's callback: no reading.
-            self.cpu_ms = (time.thread_time() - self.cpu_start) * 1e3
+    return time.perf_counter() * 1e3  # the host timer's clock (timer.HostTimer), in ms
 
 
 class _Step:
-    """The marks of one optimizer step while it runs."""
+    """The marks of one optimizer step while it runs (its buckets: the observation's watches)."""
 
     def __init__(self, start: float) -> None:
         self.start = start
@@ -99,7 +75,7 @@ class _Step:
         self.nosync_other_cpu_ms: list[float] = []
         self.sync_start: float | None = None
         self.backward_start: float | None = None
-        self.buckets: list[_BucketMarks] = []
+        self.buckets: list = []
         self.last_handed: float | None = None
         self.sync_other_cpu_ms = 0.0
         self.optimizer_ms = 0.0
@@ -113,13 +89,17 @@ class _Step:
         process, thread = self._cpu_mark
         return max(0.0, ((time.process_time() - process) - (time.thread_time() - thread)) * 1e3)
 
+    def finished_ends_ms(self) -> list[float]:
+        return [bucket.timer.clock_ms(bucket.end) for bucket in self.buckets if bucket.end is not None]
 
-class Timeline:
+
+class Timeline(Watcher):
     """Step, micro-batch and bucket marks of one DDP model, for the advisor.
 
-    Built by :class:`~ddp_ring_hooks.HookState`; :func:`~ddp_ring_hooks.register` (and the
-    Lightning strategy) call :meth:`attach` with the DDP model, which starts the recording.
-    A state attached to DDP by hand (``register_comm_hook``) records nothing here.
+    Built by the observation of a :class:`~ddp_ring_hooks.HookState`;
+    :func:`~ddp_ring_hooks.register` (and the Lightning strategy) attach it to the DDP model,
+    which starts the recording. A state attached to DDP by hand (``register_comm_hook``)
+    records nothing here.
 
     Args:
         log_dir: also write ``log_dir/timeline.jsonl`` (the hook group's rank 0; a group that
@@ -133,9 +113,12 @@ class Timeline:
         self._reset()
 
     def _reset(self) -> None:
-        self.run: dict | None = None
+        self.run: TimelineRun | None = None
+        self.group = None
         self.directory: str | None = None  # where this group's timeline.jsonl goes (attach)
-        self.steps: deque[dict] = deque(maxlen=self.keep)
+        self.steps: deque[TimelineStep] = deque(maxlen=self.keep)
+        self._finished = 0  # steps finished in this run (the file keeps the first ones)
+        self._recording = False
         self._step: _Step | None = None
         self._synced = False  # the open step's synchronizing micro-batch has run
         self._micro_sync = False
@@ -149,41 +132,51 @@ class Timeline:
         """Whether a DDP model feeds this timeline."""
         return self.run is not None
 
+    @property
+    def writes_advice(self) -> bool:
+        """Whether the advice panel belongs to this process: it writes the group's timeline
+        file (rank 0 with a ``log_dir``), is still open and has steps to advise from."""
+        return self._file is not None and not self.closed and bool(self.steps)
+
     # -- wiring ---------------------------------------------------------------------------
 
     def attach(self, ddp_model, *, algorithm: str, concurrent_buckets: int, group=None) -> None:
-        """Describe the run and hook the model's forward (call once per DDP model)."""
-        self.run = describe_run(ddp_model, algorithm=algorithm, concurrent_buckets=concurrent_buckets, group=group)
+        """Describe the run and hook the model's forward (once per DDP model)."""
+        self.group = group or ddp_model.process_group
+        self.run = describe_run(ddp_model, algorithm=algorithm, concurrent_buckets=concurrent_buckets, group=self.group)
         if self.log_dir is not None:
-            self.directory = group_log_dir(self.log_dir, group or ddp_model.process_group)
-        if self.run["device"] != "cpu":
+            self.directory = group_log_dir(self.log_dir, self.group)
+        if self.run.device != "cpu":
             # On CUDA the host clocks time launches, not work: the advisor refuses such a
             # timeline (it says so), so record nothing on the hot path.
             return
+        self._recording = True
         self._handles = [
             ddp_model.register_forward_pre_hook(self._before_forward),
             ddp_model.register_forward_hook(self._after_forward),
         ]
         _OPTIMIZER_CLOCK.add(self)
-        if self.directory is not None and self.run["rank"] == 0:
+        if self.directory is not None and self.run.rank == 0:
             os.makedirs(self.directory, exist_ok=True)
             # Line-buffered: every finished step is on disk, for `advise LOG_DIR` during a run
             # and after a crash.
             self._file = open(os.path.join(self.directory, TIMELINE_FILE), "w", encoding="utf-8", buffering=1)  # noqa: SIM115
             self._write(self.run)
 
-    def observe_bucket(self, buffer: torch.Tensor, *, index: int, is_last: bool) -> ExecutionObserver:
-        """Marks for bucket ``index``, which DDP just handed over (hook thread)."""
+    def wants_marks(self, step: int) -> bool:
+        return self._recording and not self.closed
+
+    def on_bucket(self, bucket) -> None:
+        """Bucket of the synchronizing micro-batch, handed over (hook thread): kept for its marks."""
         step = self._step
-        if step is None or not self._micro_sync:
-            return NULL_OBSERVER
-        marks = _BucketMarks(index, buffer.numel() * buffer.element_size())
-        step.buckets.append(marks)
-        if is_last:
-            step.last_handed = marks.handed
+        if step is None or not self._micro_sync or not bucket.marked:
+            return None
+        step.buckets.append(bucket)
+        if bucket.is_last:
+            step.last_handed = bucket.timer.clock_ms(bucket.handed)
             step.sync_other_cpu_ms = step.other_cpu_ms()
             self._synced = True
-        return marks
+        return None
 
     def _before_forward(self, module, args) -> None:
         if not torch.is_grad_enabled():  # validation, inference: not a training micro-batch
@@ -225,7 +218,7 @@ class Timeline:
         step = self._step
         if step is None or not self._synced:
             return
-        begin = max([start, *(b.end for b in step.buckets if b.end is not None)])
+        begin = max([start, *step.finished_ends_ms()])
         step.optimizer_ms += max(0.0, end - begin)
 
     # -- finished steps --------------------------------------------------------------------
@@ -234,42 +227,44 @@ class Timeline:
         if not step.buckets or any(b.end is None for b in step.buckets):
             return  # a step whose buckets never all finished (an error): nothing to learn
         backward_start = step.backward_start if step.backward_start is not None else step.sync_start
-        micro = [b - a for a, b in zip(step.micro_starts, step.micro_starts[1:])]
-        record = {
-            "type": "step",
-            "step": len(self.steps) + 1 if not self.steps else self.steps[-1]["step"] + 1,
-            "micro_batches": len(step.micro_starts),
-            "step_ms": end - step.start,
-            "nosync_micro_ms": micro,
-            "nosync_other_cpu_ms": step.nosync_other_cpu_ms,
-            "forward_ms": backward_start - step.sync_start,
-            "backward_ms": step.last_handed - backward_start,
-            "exposed_ms": max(b.end for b in step.buckets) - step.last_handed,
-            "optimizer_ms": step.optimizer_ms,
-            "tail_ms": end - max(b.end for b in step.buckets),
-            "sync_other_cpu_ms": step.sync_other_cpu_ms,
-            "buckets": [
-                {
-                    "index": b.index,
-                    "nbytes": b.nbytes,
-                    "ready_ms": b.handed - backward_start,
-                    "start_ms": b.start - backward_start,
-                    "end_ms": b.end - backward_start,
-                    "cpu_ms": b.cpu_ms,
-                }
-                for b in step.buckets
-            ],
-        }
+        clocks = [BucketClocks.read(bucket) for bucket in step.buckets]  # host marks: ready
+        last_end = max(clock.end for clock in clocks)
+        record = TimelineStep(
+            step=step.buckets[0].step,  # the hook state's step number
+            micro_batches=len(step.micro_starts),
+            step_ms=end - step.start,
+            nosync_micro_ms=tuple(b - a for a, b in zip(step.micro_starts, step.micro_starts[1:])),
+            nosync_other_cpu_ms=tuple(step.nosync_other_cpu_ms),
+            forward_ms=backward_start - step.sync_start,
+            backward_ms=step.last_handed - backward_start,
+            exposed_ms=last_end - step.last_handed,
+            optimizer_ms=step.optimizer_ms,
+            tail_ms=end - last_end,
+            sync_other_cpu_ms=step.sync_other_cpu_ms,
+            buckets=tuple(
+                TimelineBucket(
+                    index=bucket.index,
+                    nbytes=bucket.nbytes,
+                    ready_ms=clock.handed - backward_start,
+                    # an executor without phases (nothing to move): timed from the hand-over
+                    start_ms=(clock.phases[0][1] if clock.phases else clock.handed) - backward_start,
+                    end_ms=clock.end - backward_start,
+                    cpu_ms=clock.cpu_ms,
+                )
+                for bucket, clock in zip(step.buckets, clocks)
+            ),
+        )
         self.steps.append(record)
-        if record["step"] <= FILE_STEPS or record["step"] % THIN_EVERY == 0:
+        self._finished += 1
+        if self._finished <= FILE_STEPS or self._finished % THIN_EVERY == 0:
             self._write(record)
 
-    def _write(self, record: dict) -> None:
+    def _write(self, record: TimelineRecord) -> None:
         if self._file is not None:
             with self._lock:
-                self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+                self._file.write(record.to_json() + "\n")
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[TimelineRecord]:
         """The run description followed by the finished steps (what ``timeline.jsonl`` holds)."""
         if self.run is None:
             raise ValueError(
@@ -301,7 +296,7 @@ class Timeline:
         self._reset()
 
 
-def read_timeline(path: str | os.PathLike) -> list[dict]:
+def read_timeline(path: str | os.PathLike) -> list[TimelineRecord]:
     """The records of a ``timeline.jsonl`` (a file, or the ``log_dir`` that holds one)."""
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -323,36 +318,39 @@ def read_timeline(path: str | os.PathLike) -> list[dict]:
     records = []
     for number, line in enumerate(lines, 1):
         try:
-            records.append(json.loads(line))
+            text = json.loads(line)
         except json.JSONDecodeError:
             if number < len(lines):
                 raise ValueError(f"{path}, line {number}: not a timeline record") from None
-            # The last line of a run still writing (or killed mid-line): the steps before it stand.
+            continue  # the last line of a run still writing (or killed mid-line): the steps before it stand
+        try:
+            records.append(record_from_json(text))
+        except (ValueError, TypeError, KeyError) as error:
+            raise ValueError(f"{path}, line {number}: {error}") from None
     return records
 
 
-def describe_run(ddp_model, *, algorithm: str, concurrent_buckets: int, group=None) -> dict:
+def describe_run(ddp_model, *, algorithm: str, concurrent_buckets: int, group=None) -> TimelineRun:
     """The first timeline record: what does not change from step to step."""
     config = getattr(ddp_model, "_bucket_config", None)  # torch >= 2.10
     cap = int(getattr(config, "bucket_bytes_cap", ddp_model.bucket_bytes_cap))
     first = int(getattr(config, "first_bucket_bytes_cap", dist._DEFAULT_FIRST_BUCKET_BYTES))
     params = [p for p in ddp_model.module.parameters() if p.requires_grad]
     group = group or ddp_model.process_group
-    return {
-        "type": "run",
-        "world_size": dist.get_world_size(group),
-        "rank": dist.get_rank(group),  # in the hook's group: its rank 0 writes
-        "algorithm": algorithm,
-        "concurrent_buckets": concurrent_buckets,
-        "bucket_cap_bytes": cap,
-        "first_bucket_bytes": first,
-        "param_bytes": [p.numel() * p.element_size() for p in params],
-        "param_dtypes": [str(p.dtype).removeprefix("torch.") for p in params],
-        "device": params[0].device.type if params else "cpu",
-        "cpu_count": os.cpu_count() or 1,
-        "torch_threads": torch.get_num_threads(),
-        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(group))),
-    }
+    return TimelineRun(
+        world_size=dist.get_world_size(group),
+        rank=dist.get_rank(group),  # in the hook's group: its rank 0 writes
+        algorithm=algorithm,
+        concurrent_buckets=concurrent_buckets,
+        bucket_cap_bytes=cap,
+        first_bucket_bytes=first,
+        param_bytes=tuple(p.numel() * p.element_size() for p in params),
+        param_dtypes=tuple(str(p.dtype).removeprefix("torch.") for p in params),
+        device=params[0].device.type if params else "cpu",
+        cpu_count=os.cpu_count() or 1,
+        torch_threads=torch.get_num_threads(),
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(group))),
+    )
 
 
 class _OptimizerClock:

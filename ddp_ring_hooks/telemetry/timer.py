@@ -44,6 +44,8 @@ _FREE_EVENTS = 4096
 class HostTimer:
     """Marks are ``time.perf_counter()`` seconds."""
 
+    on_host = True  # marks taken on the thread doing the work, ready at once
+
     def mark(self) -> float:
         return time.perf_counter()
 
@@ -60,6 +62,8 @@ class HostTimer:
 
 class CudaTimer:
     """Marks are timing events recorded on the current CUDA stream of ``device``."""
+
+    on_host = False
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

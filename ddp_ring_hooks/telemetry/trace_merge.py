@@ -1,6 +1,6 @@
 """Put the trace files of several ranks on one time axis: rank 0's monotonic clock.
 
-Each rank's :class:`~.sinks.TraceSink` file stamps events with that rank's own clock and says
+Each rank's :class:`~.trace.TraceSink` file stamps events with that rank's own clock and says
 how it relates to rank 0's (``ddp_ring_hooks.clock_offset_ms``: its clock minus rank 0's, from
 the gathered arrivals; 0 on rank 0's host). Merging shifts every event of a rank by minus its
 offset and keeps one process per rank, sorted by rank. Rank 0 does this itself at the end of

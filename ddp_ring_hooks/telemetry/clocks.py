@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..runtime import run_schedule
 from ..schedules import checked_schedule
-from .executor import run_schedule
 
 #: Round trips per host pair; the shortest one gives the estimate.
 PING_ROUNDS = 8

@@ -1,0 +1,107 @@
+"""After a step, across ranks: the watchers' exchange, on a worker of its own, point-to-point.
+
+Some watchers need the other ranks' view of a step (who arrived last; later, each link's
+transfer times). After the last bucket of such a step is handed over, the observation queues
+one job on the exchange worker::
+
+    hook thread       last bucket launched -> submit(step, watchers)
+    exchange worker   wait for the step's buckets -> [clock offsets: first exchange and every
+                      RESYNC_EVERY] -> watcher.exchange(step, peers) for each, in order
+
+The exchange is point-to-point with its own tag (:data:`EXCHANGE_TAG`), never a collective:
+DDP starts collectives of its own on the training thread while this worker runs
+(``find_unused_parameters``' map of used parameters right after the last bucket,
+``broadcast_buffers`` in every forward), and gloo pairs collectives in the order each process
+calls them, so a collective from here could pair with one of DDP's. Point-to-point messages
+pair by peer and tag, in order, and every rank runs these exchanges in step order on one
+thread. The worker runs beside training: an exchange never lengthens a step.
+
+The messages are CPU tensors, so the group needs a CPU backend (gloo, or NCCL plus gloo as
+``init_process_group()`` sets up by default); on NCCL alone the exchange is skipped with a
+warning. After a failed exchange (a peer gone, a bucket of the step failed) the ranks' message
+streams may be out of step: this rank exchanges no more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..runtime import worker_for
+from .clocks import ClockOffsets, all_gather_rows, estimate_clock_offsets, gather_bytes_to_rank0
+
+#: The exchange's message tag; bucket lanes use 0 .. concurrent_buckets - 1.
+EXCHANGE_TAG = 1 << 16
+#: The worker lane (a key of its own in the worker registry; the thread's name).
+EXCHANGE_LANE = "exchange"
+#: Clock offsets across hosts are estimated again every this many exchanges (clocks drift).
+RESYNC_EVERY = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class Peers:
+    """What a watcher's :meth:`~.watcher.Watcher.exchange` talks through: the hook's group (by
+    group rank) on the exchange's tag, and every rank's clock offset to rank 0's.
+
+    Every rank must make the same calls in the same order (they pair by peer and tag)."""
+
+    group: dist.ProcessGroup
+    rank: int
+    world_size: int
+    clocks: ClockOffsets
+
+    def rows(self, row: Sequence[float]) -> list[list[float]]:
+        """Every rank's ``row`` of floats (the same length on every rank), by group rank."""
+        return all_gather_rows(row, self.group, tag=EXCHANGE_TAG)
+
+    def bytes_to_rank0(self, payload: bytes) -> list[bytes] | None:
+        """Rank 0 gets every rank's ``payload`` (by group rank); the others get ``None``."""
+        return gather_bytes_to_rank0(payload, self.group, tag=EXCHANGE_TAG)
+
+
+class StepExchange:
+    """Runs the watchers' exchanges of one hook state (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._clocks: ClockOffsets | None = None
+        self._exchanges = 0
+        self._warned = False
+        self._broken = False
+
+    def submit(self, step, watchers: Sequence) -> None:
+        """On the hook thread, after ``step``'s last bucket was launched (a
+        :class:`~.watcher.StepWatch` with its Futures)."""
+        worker_for(step.group, EXCHANGE_LANE).submit(lambda: self._run(step, watchers))
+
+    def _run(self, step, watchers: Sequence) -> None:
+        try:
+            torch.futures.wait_all(step.futures)
+        except Exception:  # noqa: BLE001 - DDP raises the bucket's failure; the group is unusable
+            self._give_up("a bucket of this step failed")
+            return
+        if self._broken:
+            return
+        if "gloo" not in str(dist.get_backend(step.group)):
+            self._give_up("it sends CPU tensors and needs gloo on the group (init_process_group() without "
+                          "a backend gives NCCL plus gloo)")
+            return
+        try:
+            if self._clocks is None or self._exchanges % RESYNC_EVERY == 0:
+                self._clocks = estimate_clock_offsets(step.group, tag=EXCHANGE_TAG)
+            self._exchanges += 1
+            peers = Peers(group=step.group, rank=step.rank, world_size=step.world_size, clocks=self._clocks)
+            for watcher in watchers:
+                watcher.exchange(step, peers)
+        except RuntimeError as error:  # a peer gone or timed out
+            self._give_up(f"an exchange failed: {error}")
+
+    def _give_up(self, why: str) -> None:
+        self._broken = True
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"no more exchanges across ranks after a step (spread_every) on this rank: {why}",
+                          stacklevel=1)

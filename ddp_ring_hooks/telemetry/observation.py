@@ -1,0 +1,169 @@
+"""``Observation``: every watcher of a hook state's buckets, in one place.
+
+A hook state has one observation, and hands each bucket to it once, as DDP hands the bucket
+over (:meth:`Observation.hand_over`). The observation takes the bucket's marks once, from one
+timer pool (one clock anchor per GPU), under the hook state's step number, and shows the
+bucket to its watchers (:class:`~.watcher.Watcher`), in this order:
+
+1. the per-bucket recorder (:class:`~.recorder.Telemetry`): TensorBoard, trace, summary;
+2. the advisor's timeline (:class:`~.timeline.Timeline`): compute around the buckets;
+3. the arrivals gather (:class:`~.arrivals.ArrivalGather`): who arrived last, after the step;
+4. the profiler's ranges (:class:`~.profiling.ProfilerRanges`), while a profiler runs;
+
+then to the user's own observers (``HookState(observers=...)``). One options object
+(:class:`~.options.TelemetryOptions`) configures them all; one pickling rule (the options
+survive, threads, files and marks do not); one :meth:`close`.
+
+Cost when nothing watches: one clock mark and two small objects per bucket (on CUDA the mark
+is the event the communication stream waits for anyway).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from ..runtime.observer import ExecutionObserver
+from .arrivals import ArrivalGather
+from .exchange import StepExchange
+from .options import TelemetryOptions, collect_telemetry_options
+from .profiling import ProfilerRanges
+from .recorder import Telemetry
+from .sinks import ADVICE_TAG, advice_panel
+from .timeline import Timeline
+from .timer import DeviceTimers
+from .watcher import BucketWatch, StepWatch, Watcher
+
+
+class Observation:
+    """Every watcher of one hook state's buckets (see the module docstring).
+
+    Args:
+        telemetry: a :class:`~.options.TelemetryOptions`, or a ready
+            :class:`~.recorder.Telemetry` to record into (its options configure every watcher);
+            or ``None`` and the options as ``fields``. An option given both ways is a
+            ``ValueError`` naming it.
+        observers: more :class:`~ddp_ring_hooks.runtime.ExecutionObserver` s, shown every
+            bucket's all-reduce after the watchers.
+        advice: turns the timeline's records into the text of the ``comm/advice`` panel,
+            written when the observation closes (the hook state passes the advisor's; a
+            module-level function: it is pickled by name).
+        **fields: :class:`~.options.TelemetryOptions` fields.
+    """
+
+    def __init__(
+        self,
+        telemetry: TelemetryOptions | Telemetry | None = None,
+        *,
+        observers: tuple[ExecutionObserver, ...] = (),
+        advice: Callable[[list], str] | None = None,
+        **fields,
+    ) -> None:
+        recorder = telemetry if isinstance(telemetry, Telemetry) else None
+        self.options = collect_telemetry_options(recorder.options if recorder else telemetry, fields)
+        self.observers = tuple(observers)
+        self.advice = advice
+        self._start(recorder or Telemetry(self.options))
+
+    def _start(self, recorder: Telemetry) -> None:
+        self.recorder = recorder
+        self.timeline = Timeline(log_dir=self.options.log_dir)
+        self.watchers: tuple[Watcher, ...] = (
+            recorder, self.timeline, ArrivalGather(recorder), ProfilerRanges(),
+        )
+        self._timers = DeviceTimers()  # the one timer pool: one CUDA clock anchor per GPU
+        self._exchange = StepExchange()
+        self._open: StepWatch | None = None  # the step whose buckets are being handed over
+        self._exchangers: tuple[Watcher, ...] = ()  # the watchers that exchange after it
+        self._ranks: tuple[int, int] | None = None  # (rank, world size) in the hook's group
+        self._lock = threading.Lock()  # step bookkeeping: buckets finish on several threads
+
+    # -- the hook thread ---------------------------------------------------------------------
+
+    def attach(self, ddp_model, *, algorithm: str, concurrent_buckets: int, group) -> None:
+        """The hook was registered on ``ddp_model``: watchers that watch the model start."""
+        for watcher in self.watchers:
+            watcher.attach(ddp_model, algorithm=algorithm, concurrent_buckets=concurrent_buckets, group=group)
+
+    def hand_over(
+        self, buffer: torch.Tensor, *, step: int, index: int, is_last: bool, algorithm: str, group,
+    ) -> BucketWatch:
+        """DDP handed bucket ``index`` of optimizer ``step`` over, and the hook checked it and
+        chose its ``algorithm`` (call it on the hook thread, in DDP's order, right before the
+        launch): its hand-over mark, and the watch to pass to the executor as its observer
+        (then tell it the Future: :meth:`BucketWatch.launched`)."""
+        timer = self._timers.for_buffer(buffer)
+        handed = timer.mark()  # first: "handed over" starts queue_ms, exposed_ms, the arrival
+        opened = self._open
+        if opened is None or opened.step != step:
+            opened = self._open = self._open_step(step, group)
+            self._exchangers = tuple(watcher for watcher in self.watchers if watcher.exchanges_after(step))
+            opened.exchanged = bool(self._exchangers)
+        bucket = BucketWatch(self, opened, timer, handed, buffer, index=index, is_last=is_last, algorithm=algorithm)
+        seen = [watcher.on_bucket(bucket) for watcher in self.watchers]
+        bucket.watched_by((*(observer for observer in seen if observer is not None), *self.observers))
+        if opened.marked:
+            with self._lock:
+                opened.buckets.append(bucket)
+                opened.last_handed = is_last
+        return bucket
+
+    def _open_step(self, step: int, group) -> StepWatch:
+        if self._ranks is None:  # the hook's group does not change
+            initialized = dist.is_available() and dist.is_initialized()
+            self._ranks = (dist.get_rank(group), dist.get_world_size(group)) if initialized else (0, 1)
+        rank, world_size = self._ranks
+        return StepWatch(
+            step, rank=rank, world_size=world_size, group=group,
+            marked=any([watcher.wants_marks(step) for watcher in self.watchers]),  # every one is asked
+        )
+
+    def launched(self, bucket: BucketWatch) -> None:
+        """``bucket``'s Future exists; after a step's last bucket, queue its exchange."""
+        step = self._open
+        if step is None or step.step != bucket.step or not step.exchanged:
+            return
+        step.futures.append(bucket.future)
+        if bucket.is_last:
+            self._exchange.submit(step, self._exchangers)
+
+    # -- the bucket's thread ---------------------------------------------------------------
+
+    def bucket_finished(self, bucket: BucketWatch, step: StepWatch) -> None:
+        """Called by ``bucket`` when its all-reduce finished (on CUDA: enqueued)."""
+        if not step.marked:
+            bucket.timer.release([bucket.handed])  # nobody reads it; a CUDA event is reused
+            return
+        with self._lock:
+            step.finished += 1
+            if not step.done:
+                return
+        for watcher in self.watchers:
+            watcher.on_step_done(step)
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Write the advice panel (the group's rank 0, with a ``log_dir``), then close every
+        watcher in order: the timeline's file, the recorder's sinks. Safe to call twice."""
+        if self.advice is not None and self.timeline.writes_advice:
+            try:
+                text = self.advice(self.timeline.records())
+            except ValueError as error:  # too few steps, nothing measured: say why
+                text = f"no advice: {error}"
+            self.recorder.write_text(ADVICE_TAG, advice_panel(text), group=self.timeline.group)
+        for watcher in self.watchers:
+            watcher.close()
+
+    # -- pickling: the options survive; watchers, threads, files and marks are made anew ------
+
+    def __getstate__(self) -> dict:
+        return {"options": self.options, "advice": self.advice}
+
+    def __setstate__(self, state: dict) -> None:
+        self.options, self.advice = state["options"], state["advice"]
+        self.observers = ()
+        self._start(Telemetry(self.options))

@@ -1,0 +1,159 @@
+"""The timeline's records, typed: what :class:`~.timeline.Timeline` writes and the advisor reads.
+
+A ``timeline.jsonl`` is one :class:`TimelineRun` line (what does not change from step to step)
+followed by one :class:`TimelineStep` line per optimizer step, each step with its
+:class:`TimelineBucket` s. Times are milliseconds; a bucket's times count from the start of
+backward::
+
+    {"type": "run", "version": 1, "world_size": 2, "algorithm": "ring", ...}
+    {"type": "step", "step": 1, "micro_batches": 1, "step_ms": 41.2, ..., "buckets": [{...}, ...]}
+
+Pure Python (no torch), so the advisor reads a run offline on any machine. ``to_json`` and
+``from_json`` round-trip exactly (``from_json(r.to_json()) == r``). Files written before the
+``version`` field existed have the same fields and read as version 1; a file from a newer
+version, or a line that lacks a field, is refused with an error that says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: The format written now; a run line without ``version`` is version 1 (the same fields).
+TIMELINE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TimelineRun:
+    """The run: who wrote the timeline and the settings a prediction starts from.
+
+    ``rank`` is the writer's rank in the hook's group (its rank 0 writes); ``concurrent_buckets``
+    the communication lanes; ``bucket_cap_bytes`` and ``first_bucket_bytes`` DDP's bucket caps;
+    ``param_bytes`` / ``param_dtypes`` every parameter's gradient, in registration order;
+    ``cpu_count``, ``torch_threads`` and ``local_world_size`` how crowded the host was.
+    """
+
+    world_size: int
+    rank: int
+    algorithm: str
+    concurrent_buckets: int
+    bucket_cap_bytes: int
+    first_bucket_bytes: int
+    param_bytes: tuple[int, ...]
+    param_dtypes: tuple[str, ...]
+    device: str
+    cpu_count: int
+    torch_threads: int
+    local_world_size: int
+    version: int = TIMELINE_VERSION
+
+    def to_json(self) -> str:
+        return _dumps("run", dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, line: str | Mapping) -> TimelineRun:
+        data = _loads(line, "run")
+        version = data.setdefault("version", 1)
+        if not isinstance(version, int) or version > TIMELINE_VERSION:
+            raise ValueError(
+                f"this timeline was written in format version {version!r}; this ddp_ring_hooks reads up to "
+                f"version {TIMELINE_VERSION}: upgrade ddp_ring_hooks to read it"
+            )
+        data["param_bytes"], data["param_dtypes"] = tuple(data["param_bytes"]), tuple(data["param_dtypes"])
+        return _build(cls, data)
+
+
+@dataclass(frozen=True)
+class TimelineBucket:
+    """One bucket of a step: its bytes, when it was handed over (``ready_ms``), when its
+    communication started and ended, and the CPU time its worker thread spent on it."""
+
+    index: int
+    nbytes: int
+    ready_ms: float
+    start_ms: float
+    end_ms: float
+    cpu_ms: float
+
+    @property
+    def comm_ms(self) -> float:
+        return self.end_ms - self.start_ms
+
+
+@dataclass(frozen=True)
+class TimelineStep:
+    """One optimizer step (``step`` is the hook's step number: ``HookState.iteration`` after it).
+
+    ``micro_batches`` forward passes, the last one synchronizing; ``nosync_micro_ms`` the
+    ``no_sync`` ones and ``nosync_other_cpu_ms`` the other threads' CPU time during each;
+    ``forward_ms`` / ``backward_ms`` of the synchronizing micro-batch (backward until the last
+    bucket was handed over); ``exposed_ms`` after it until the last bucket was reduced;
+    ``optimizer_ms`` in ``optimizer.step()`` after that; ``tail_ms`` from the last bucket's end
+    to the next step; ``sync_other_cpu_ms`` the other threads' CPU time during the
+    synchronizing micro-batch.
+    """
+
+    step: int
+    micro_batches: int
+    step_ms: float
+    nosync_micro_ms: tuple[float, ...]
+    nosync_other_cpu_ms: tuple[float, ...]
+    forward_ms: float
+    backward_ms: float
+    exposed_ms: float
+    optimizer_ms: float
+    tail_ms: float
+    sync_other_cpu_ms: float
+    buckets: tuple[TimelineBucket, ...]
+
+    def to_json(self) -> str:
+        return _dumps("step", dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, line: str | Mapping) -> TimelineStep:
+        data = _loads(line, "step")
+        data["nosync_micro_ms"] = tuple(data["nosync_micro_ms"])
+        data["nosync_other_cpu_ms"] = tuple(data["nosync_other_cpu_ms"])
+        data["buckets"] = tuple(_build(TimelineBucket, dict(bucket)) for bucket in data["buckets"])
+        return _build(cls, data)
+
+
+TimelineRecord = TimelineRun | TimelineStep
+
+
+def record_from_json(line: str | Mapping) -> TimelineRecord:
+    """A run or step record from one line of ``timeline.jsonl`` (by its ``type``)."""
+    data = json.loads(line) if isinstance(line, str) else line
+    kind = data.get("type") if isinstance(data, Mapping) else None
+    if kind == "run":
+        return TimelineRun.from_json(data)
+    if kind == "step":
+        return TimelineStep.from_json(data)
+    raise ValueError(f"not a timeline record (its type is {kind!r}, not 'run' or 'step')")
+
+
+def _dumps(kind: str, fields: dict) -> str:
+    return json.dumps({"type": kind, **fields}, separators=(",", ":"))
+
+
+def _loads(line: str | Mapping, kind: str) -> dict:
+    data = dict(json.loads(line) if isinstance(line, str) else line)
+    if data.pop("type", kind) != kind:
+        raise ValueError(f"not a timeline {kind} record: {str(line)[:80]}")
+    return data
+
+
+def _build(cls, data: dict):
+    fields = dataclasses.fields(cls)
+    missing = [f.name for f in fields if f.name not in data and f.default is dataclasses.MISSING]
+    unknown = sorted(set(data) - {f.name for f in fields})
+    if missing or unknown:
+        problem = "; ".join(filter(None, [missing and f"lacks {', '.join(missing)}",
+                                          unknown and f"has unknown {', '.join(unknown)}"]))
+        raise ValueError(
+            f"a timeline {cls.__name__} record {problem}: the file was written by a ddp_ring_hooks "
+            "this version cannot read; record the run again with this version"
+        )
+    return cls(**data)

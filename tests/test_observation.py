@@ -1,0 +1,211 @@
+"""One observation per hook state: every telemetry option reaches every watcher, an option is
+given one way only, one hand-over mark feeds every watcher, and a pickled state stays readable.
+
+On real gloo ranks: a ``telemetry=Telemetry(log_dir=d, spread_every=1)`` object writes the
+advisor's timeline under ``d`` (it once went nowhere) next to the straggler tags; an option
+given both in ``telemetry=`` and as a keyword is refused naming it (it was once dropped)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+
+import pytest
+
+from ._dist import run_ranks
+
+
+def _telemetry_object_and_keywords(rank: int, world_size: int, log_dir: str):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+    from ddp_ring_hooks.telemetry import MemorySink, Telemetry
+
+    refused = {}
+    for name, build in {
+        "HookState": lambda: ddp_ring_hooks.HookState(telemetry=Telemetry(), spread_every=3),
+        "register": lambda: ddp_ring_hooks.register(
+            DistributedDataParallel(torch.nn.Linear(4, 4)), telemetry=Telemetry(log_every=2), log_every=2,
+        ),
+    }.items():
+        try:
+            build()
+        except ValueError as error:
+            refused[name] = str(error)
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model = DistributedDataParallel(net, bucket_cap_mb=0.001)
+    memory = MemorySink()
+    state = ddp_ring_hooks.register(model, telemetry=Telemetry(log_dir=log_dir, spread_every=1, sinks=[memory]))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(5):
+        model(torch.randn(8, 16)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    state.close()
+    return refused, [r.step for r in memory.ranks], [r.step for r in memory.records]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    log_dir = str(tmp_path_factory.mktemp("telemetry_object"))
+    return log_dir, run_ranks(_telemetry_object_and_keywords, 2, log_dir, timeout=180)
+
+
+def test_a_telemetry_object_writes_the_advisors_timeline_under_its_log_dir(trained):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log_dir, results = trained
+    for _, gathered, recorded in results:
+        assert gathered == recorded == [1, 2, 3, 4, 5]  # spread_every=1 reached the arrivals
+    events = EventAccumulator(log_dir, size_guidance={"scalars": 0}).Reload()
+    assert "comm/ranks/straggler_rank" in events.Tags()["scalars"]
+    path = os.path.join(log_dir, "timeline.jsonl")
+    assert os.path.exists(path), f"the timeline went elsewhere: {sorted(os.listdir(log_dir))}"
+    with open(path) as file:
+        lines = [json.loads(line) for line in file]
+    assert lines[0]["type"] == "run" and lines[0]["world_size"] == 2
+    assert [line["step"] for line in lines[1:]] == [1, 2, 3, 4]  # the hook's steps; step 5 never ends
+
+
+def test_a_telemetry_option_given_both_ways_is_refused_naming_it(trained):
+    _, results = trained
+    for refused, _, _ in results:
+        assert set(refused) == {"HookState", "register"}, refused
+        assert "telemetry option 'spread_every' given twice" in refused["HookState"]
+        assert "telemetry option 'log_every' given twice" in refused["register"]
+
+
+def test_telemetry_options_are_one_definition_checked_once():
+    from ddp_ring_hooks.telemetry import TELEMETRY_OPTIONS, Telemetry, TelemetryOptions
+    from ddp_ring_hooks.telemetry.options import collect_telemetry_options
+
+    assert TELEMETRY_OPTIONS == ("log_dir", "log_every", "trace_steps", "per_rank", "spread_every", "sinks",
+                                 "capacity", "summary_window")
+    options = TelemetryOptions(spread_every=2, capacity=8)
+    assert Telemetry(options).options is options
+    assert collect_telemetry_options(None, {"spread_every": 2, "capacity": 8}) == options
+    with pytest.raises(ValueError, match="options 'capacity', 'spread_every' given twice"):
+        Telemetry(options, spread_every=2, capacity=8)
+    with pytest.raises(TypeError, match="telemetry= takes TelemetryOptions"):
+        collect_telemetry_options({"log_dir": "x"}, {})
+    with pytest.raises(ValueError, match="summary_window must be a positive integer"):
+        TelemetryOptions(summary_window=0)
+
+
+#: ``HookState(algorithm="tree", segments=2, log_dir="runs/pickled", log_every=3,
+#: trace_steps=(2, 4), spread_every=5, concurrent_buckets=1)`` with ``iteration = 7``, pickled
+#: by the version before the observation (format 1: telemetry and timeline pickled apart).
+FORMAT_1_STATE = base64.b64decode(
+    "gASVJAIAAAAAAACMGmRkcF9yaW5nX2hvb2tzLmhvb2tzLnN0YXRllIwJSG9va1N0YXRllJOUKYGUfZQojAlhbGdvcml0aG2U"
+    "jAR0cmVllIwRYWxnb3JpdGhtX29wdGlvbnOUfZSMCHNlZ21lbnRzlEsCc4wJaXRlcmF0aW9ulEsHjAl0ZWxlbWV0cnmUjCFk"
+    "ZHBfcmluZ19ob29rcy50ZWxlbWV0cnkucmVjb3JkZXKUjAlUZWxlbWV0cnmUk5QpgZR9lIwHb3B0aW9uc5SMIGRkcF9yaW5n"
+    "X2hvb2tzLnRlbGVtZXRyeS5vcHRpb25zlIwQVGVsZW1ldHJ5T3B0aW9uc5STlCmBlH2UKIwHbG9nX2RpcpSMDHJ1bnMvcGlj"
+    "a2xlZJSMCWxvZ19ldmVyeZRLA4wLdHJhY2Vfc3RlcHOUjAhidWlsdGluc5SMBXJhbmdllJOUSwJLBEsBh5RSlIwIcGVyX3Jh"
+    "bmuUiYwMc3ByZWFkX2V2ZXJ5lEsFjAhjYXBhY2l0eZRNAASMDnN1bW1hcnlfd2luZG93lE0ABHVic2KMEmNvbmN1cnJlbnRf"
+    "YnVja2V0c5RLAYwFX2F1dG+UTowSY2hlY2tfbGF5b3V0X3N0ZXBzlEsCjAh0aW1lbGluZZSMIWRkcF9yaW5nX2hvb2tzLnRl"
+    "bGVtZXRyeS50aW1lbGluZZSMCFRpbWVsaW5llJOUKYGUfZQoaBdoGIwEa2VlcJRNAAF1YnViLg=="
+)
+
+
+def test_a_state_pickled_by_the_version_before_loads_into_one_observation():
+    state = pickle.loads(FORMAT_1_STATE)
+    assert (state.algorithm, state.algorithm_options, state.iteration, state.concurrent_buckets) == (
+        "tree", {"segments": 2}, 7, 1)
+    options = state.observation.options
+    assert (options.log_dir, options.log_every, options.trace_steps, options.spread_every, options.sinks) == (
+        "runs/pickled", 3, range(2, 4), 5, ())
+    assert state.timeline.log_dir == "runs/pickled" and state.telemetry.options is options
+    assert not os.path.exists("runs/pickled")  # loading writes nothing
+
+
+def test_a_state_pickles_its_options_and_refuses_formats_it_cannot_read(tmp_path):
+    from ddp_ring_hooks import HookState
+    from ddp_ring_hooks.telemetry import MemorySink, TelemetryOptions
+
+    state = HookState(algorithm="tree", segments=3, log_dir=str(tmp_path), spread_every=2, sinks=[MemorySink()])
+    clone = pickle.loads(pickle.dumps(state))
+    assert clone.observation.options == TelemetryOptions(log_dir=str(tmp_path), spread_every=2)  # no sinks
+    assert clone.algorithm_options == {"segments": 3} and clone.observers == ()
+    assert clone.observation.advice is state.observation.advice  # the advisor's, by name
+
+    newer = {**state.__getstate__(), "version": 3}
+    with pytest.raises(ValueError, match="pickled by a newer ddp_ring_hooks .format 3.*upgrade"):
+        HookState.__new__(HookState).__setstate__(newer)
+    with pytest.raises(ValueError, match="too old to read"):
+        HookState.__new__(HookState).__setstate__({"algorithm": "ring", "iteration": 0})
+
+
+def _a_watcher_of_its_own(rank: int, world_size: int):
+    """A watcher added beside the others hears every bucket, phase, step and exchange."""
+    import threading
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+    from ddp_ring_hooks.runtime import ExecutionObserver
+    from ddp_ring_hooks.telemetry import Watcher
+
+    heard: list[tuple] = []
+    hook_thread = threading.get_ident()
+
+    class Phases(ExecutionObserver):
+        def __init__(self, index):
+            self.index = index
+
+        def on_phase(self, phase):
+            heard.append(("phase", self.index, phase, threading.get_ident() != hook_thread))
+
+        def on_finish(self):
+            heard.append(("finish", self.index))
+
+    class Probe(Watcher):
+        def wants_marks(self, step):
+            heard.append(("wants", step))
+            return True
+
+        def on_bucket(self, bucket):
+            heard.append(("bucket", bucket.step, bucket.index, bucket.handed is not None))
+            return Phases(bucket.index)
+
+        def on_step_done(self, step):
+            heard.append(("done", step.step, len(step.read())))
+
+        def exchanges_after(self, step):
+            return step % 2 == 0
+
+        def exchange(self, step, peers):
+            rows = peers.rows([float(peers.rank), float(step.step)])
+            heard.append(("exchange", step.step, rows, threading.get_ident() != hook_thread))
+
+        def close(self):
+            heard.append(("close",))
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)))
+    state = ddp_ring_hooks.register(model, concurrent_buckets=1)
+    state.observation.watchers = (*state.observation.watchers, Probe())
+    for _ in range(4):
+        model(torch.randn(4, 8)).sum().backward()
+    state.close()
+    return heard
+
+
+def test_a_watcher_added_beside_the_others_hears_every_bucket_step_and_exchange():
+    for heard in run_ranks(_a_watcher_of_its_own, 2, timeout=120):
+        assert [h[1] for h in heard if h[0] == "wants"] == [1, 2, 3, 4]  # once per step
+        buckets = [h for h in heard if h[0] == "bucket"]
+        assert [h[1] for h in buckets] == [1, 2, 3, 4] and all(h[3] for h in buckets)  # DDP's one bucket here
+        phases = [h for h in heard if h[0] == "phase"]
+        assert {h[2] for h in phases} == {"reduce-scatter", "all-gather"} and all(h[3] for h in phases)
+        assert [h[1] for h in heard if h[0] == "done"] == [1, 2, 3, 4]
+        assert all(h[2] == 1 for h in heard if h[0] == "done")  # the step's one bucket, read
+        exchanges = [h for h in heard if h[0] == "exchange"]
+        assert [h[1] for h in exchanges] == [2, 4] and all(h[3] for h in exchanges)  # off the hook thread
+        assert all(h[2] == [[0.0, h[1]], [1.0, h[1]]] for h in exchanges)  # every rank's row
+        assert heard[-1] == ("close",) and heard.count(("close",)) == 1

@@ -22,7 +22,6 @@ per step, as in real training.
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import math
 import os
@@ -246,7 +245,7 @@ def save_timeline(state, directory: str | os.PathLike) -> Path:
     events beside the ones ``CommTimingLogger`` puts into the Trainer's run."""
     path = Path(directory) / TIMELINE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(record, separators=(",", ":")) + "\n" for record in state.timeline.records()))
+    path.write_text("".join(record.to_json() + "\n" for record in state.timeline.records()))
     return path
 
 

@@ -222,7 +222,8 @@ def test_the_matrix_file_round_trips_and_says_what_it_holds(tmp_path):
     write_link_matrix(original, path)
     assert load_link_matrix(path).as_dict() == original.as_dict()
     data = json.loads(path.read_text())
-    assert (data["format"], data["version"], data["nodes"], data["nodes_from"]) == ("ddp-ring-hooks links", 1, [0, 0, 1], "GROUP_RANK")
+    assert (data["format"], data["version"]) == ("ddp-ring-hooks links", 1)
+    assert (data["nodes"], data["nodes_from"]) == ([0, 0, 1], "GROUP_RANK")
     assert data["bandwidth_Bps"][0][0] is None and data["bandwidth_Bps"][2][0] == pytest.approx((1 << 20) / 0.061)
     assert data["verdict"]["summary"].startswith("links: ") and original.missing() == []
     table = format_table(original, original.judge())

@@ -18,7 +18,7 @@ from .rule import (
 )
 
 __all__ = [
-    "ALL", "BETWEEN", "CONSISTENT_SHARE", "FORMAT", "INSIDE", "THRESHOLD", "VERSION", "WINDOW", "Link", "LinkMatrix", "LinkSample",
-    "LinkVerdict", "SlowLinks", "SlowNode", "SlowRank", "exchange_rounds", "format_table", "judge_links",
+    "ALL", "BETWEEN", "CONSISTENT_SHARE", "FORMAT", "INSIDE", "THRESHOLD", "VERSION", "WINDOW", "Link", "LinkMatrix",
+    "LinkSample", "LinkVerdict", "SlowLinks", "SlowNode", "SlowRank", "exchange_rounds", "format_table", "judge_links",
     "judge_samples", "load_link_matrix", "partner_in", "recent_bandwidths", "write_link_matrix",
 ]

@@ -1,8 +1,9 @@
 """The bandwidth matrix as a picture: one cell per directed link, named links outlined.
 
 Rows are sources, columns destinations; each cell shows the link's bandwidth in MB/s, and its
-colour is that bandwidth over the median of its tier (dark: slow), so that on two tiers the
-links between nodes, slower by design, are not all dark next to the links inside nodes. A link
+colour is that bandwidth over the others' median in its tier (the links no finding explains:
+1 is a typical link, dark is slow), so that on two tiers the links between nodes, slower by
+design, are not all dark next to the links inside nodes. A link
 the verdict names (a slow link, or one of a named rank or node) gets a red frame: a slow
 network reads as a red cross, a slow link as one or two red cells. With two tiers, white
 lines separate the nodes. matplotlib is imported only here, when a picture is asked for.
@@ -30,12 +31,15 @@ def plot_heatmap(matrix: LinkMatrix, verdict: LinkVerdict, path: str | Path, *, 
 
     p = matrix.world_size
     rows = matrix.rows()
-    relative = [[math.nan if b is None else b / verdict.tier_medians[verdict.tiers[(s, d)]] for d, b in enumerate(row)]
-                for s, row in enumerate(rows)]
+    def typical(link) -> float:
+        tier = verdict.tiers[link]
+        return verdict.others_Bps[tier] or verdict.tier_medians[tier]
+
+    relative = [[math.nan if b is None else b / typical((s, d)) for d, b in enumerate(row)] for s, row in enumerate(rows)]
     size = min(12.0, 3.0 + 0.6 * p)
     figure, axes = plt.subplots(figsize=(size + 1.5, size))
     image = axes.imshow(relative, cmap="viridis", vmin=0, vmax=1.5)
-    figure.colorbar(image, ax=axes, label="bandwidth / median of its tier", shrink=0.8)
+    figure.colorbar(image, ax=axes, label="bandwidth / the others' median in its tier", shrink=0.8)
     if p <= 16:  # the numbers stay readable
         for src, row in enumerate(rows):
             for dst, value in enumerate(row):

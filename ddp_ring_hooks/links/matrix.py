@@ -67,7 +67,8 @@ class LinkMatrix:
     def missing(self) -> list[Link]:
         """Directed links without a sample (none after a complete probe)."""
         bandwidths = self.bandwidths
-        return [(s, d) for s in range(self.world_size) for d in range(self.world_size) if s != d and (s, d) not in bandwidths]
+        every = ((s, d) for s in range(self.world_size) for d in range(self.world_size) if s != d)
+        return [link for link in every if link not in bandwidths]
 
     def judge(self, *, threshold: float = THRESHOLD) -> LinkVerdict:
         """The naming rule on this matrix (medians over all repeats)."""

@@ -33,10 +33,11 @@ The rule (``threshold`` 0.6, ``window`` 16 by default):
    the rank's *network*; inside a node, its links inside the node. With one peer in the tier
    the two ends cannot be told apart: that is a link pair (step 6).
 5. **Explained** links are the between-node links of a named node (3) and those of a rank
-   named in their tier (4); "others" is the median of a tier's links that are not explained.
+   named in their tier (4).
 6. **A link** that is not explained is slow when below the median of its tier's other
    unexplained links (neither it nor its reverse). Both directions of a pair are named when
-   both are slow.
+   both are slow. "Others", in the summary line, is the median of a tier's links that
+   nothing names.
 
 Why 0.6: a link at 0.6x of the others is 1.7x slower, far outside what links of one switch
 differ by (a few percent on the lab's shaped links; single samples on a loaded machine stray
@@ -121,7 +122,8 @@ class LinkVerdict:
     threshold: float
     samples: int  # the fewest samples any link's median was taken over
     judged: int  # links that had others to be compared with
-    tier_medians: Mapping[str, float]
+    tier_medians: Mapping[str, float]  # the median of each tier's links
+    others_Bps: Mapping[str, float | None]  # ... of each tier's links that nothing names (step 6)
     slow_ranks: tuple[SlowRank, ...] = ()
     slow_nodes: tuple[SlowNode, ...] = ()
     slow_links: tuple[SlowLinks, ...] = ()
@@ -183,7 +185,8 @@ class LinkVerdict:
             "threshold": self.threshold, "samples": self.samples, "judged": self.judged,
             "median_Bps": self.median_Bps, "slowest": list(slowest) if slowest else None,
             "slowest_Bps": self.bandwidths[slowest] if slowest else None,
-            "tier_medians_Bps": dict(self.tier_medians), "slow_nic_rank": self.slow_nic_rank,
+            "tier_medians_Bps": dict(self.tier_medians), "others_Bps": dict(self.others_Bps),
+            "slow_nic_rank": self.slow_nic_rank,
             "slow_ranks": [{"rank": s.rank, "tier": s.tier, "in_Bps": s.in_Bps, "out_Bps": s.out_Bps,
                             "others_Bps": s.others_Bps} for s in self.slow_ranks],
             "slow_nodes": [{"node": s.node, "ranks": list(s.ranks), "in_Bps": s.in_Bps, "out_Bps": s.out_Bps,
@@ -241,10 +244,13 @@ def _judge(
     # 4. Ranks, in each tier, among the links no named node explains.
     named_ranks = [(rank, tier) for tier, links in by_tier.items()
                    for rank in _slow_ranks(measured, [l for l in links if l not in of_named_nodes], world_size)]
-    # 5. What they explain; the others.
+    # 5. What they explain.
     explained = of_named_nodes | {link for link in bandwidths if any((end, tier_of[link]) in named_ranks for end in link)}
     unexplained = {tier: [link for link in links if link not in explained] for tier, links in by_tier.items()}
-    others = {tier: measured.median(links) for tier, links in unexplained.items()}
+    # 6. Links; then the others: each tier's links that nothing names.
+    slow_links, judged = _slow_links(measured, unexplained, tier_of)
+    named = explained | {link for found in slow_links for link in found.links}
+    others = {tier: measured.median(l for l in links if l not in named) for tier, links in by_tier.items()}
 
     def endpoint(tier: str, ranks: Sequence[int]) -> tuple[float, float, float]:
         own = [link for link in by_tier[tier] if set(link) & set(ranks)]
@@ -252,12 +258,10 @@ def _judge(
         out = measured.median(l for l in own if l[0] in ranks)
         return into, out, math.nan if others[tier] is None else others[tier]
 
-    # 6. Links.
-    slow_links, judged = _slow_links(measured, unexplained, tier_of)
     return LinkVerdict(
         world_size=world_size, bandwidths=bandwidths, tiers=tier_of, nodes=nodes, threshold=threshold,
         samples=min((len(values) for values in recent.values()), default=0), judged=judged + len(explained),
-        tier_medians={tier: measured.median(links) for tier, links in by_tier.items()},
+        tier_medians={tier: measured.median(links) for tier, links in by_tier.items()}, others_Bps=others,
         slow_ranks=tuple(SlowRank(rank, tier, *endpoint(tier, (rank,))) for rank, tier in sorted(named_ranks)),
         slow_nodes=tuple(SlowNode(node, ranks, *endpoint(BETWEEN, ranks)) for node, ranks in named_nodes),
         slow_links=slow_links,

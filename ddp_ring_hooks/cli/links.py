@@ -1,7 +1,8 @@
 """``ddp-ring-hooks links``: which link is slow: every directed link's bandwidth, measured and named.
 
     ddp-ring-hooks links --nproc 4                                   # 4 local gloo ranks (loopback)
-    torchrun --nnodes 8 --nproc-per-node 1 ... -m ddp_ring_hooks links --json links.json
+    torchrun --nnodes 8 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST0:29500 \\
+        -m ddp_ring_hooks links --json links.json                   # on each of 8 machines
     ddp-ring-hooks lab torchrun --hosts 4 --link 400Mbit --slow 2:100Mbit -m ddp_ring_hooks links --plot links.png
 
 The ranks pair up in rounds of disjoint pairs (p-1 rounds; p for an odd p, one rank sitting

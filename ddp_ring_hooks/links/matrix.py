@@ -83,7 +83,7 @@ class LinkMatrix:
             "message_bytes": self.message_bytes, "repeats": self.repeats,
             "nodes": list(self.nodes) if self.nodes is not None else None, "nodes_from": self.nodes_from,
             "hosts": list(self.hosts), "seconds": seconds, "bandwidth_Bps": self.rows(),
-            "verdict": self.judge(threshold=threshold).as_dict(),
+            "verdict": self.judge(threshold=threshold).as_dict(per="repeats"),
         }
 
 

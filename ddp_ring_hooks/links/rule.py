@@ -87,7 +87,7 @@ class SlowRank:
     tier: str
     in_Bps: float
     out_Bps: float
-    others_Bps: float
+    others_Bps: float | None  # None: every link of the tier is named
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +98,7 @@ class SlowNode:
     ranks: tuple[int, ...]
     in_Bps: float
     out_Bps: float
-    others_Bps: float
+    others_Bps: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +178,9 @@ class LinkVerdict:
             found.append(f"{sum(len(s.links) for s in self.slow_links[3:])} more slow links")
         return "links: " + "; ".join(found) + f" {counted}"
 
-    def as_dict(self) -> dict:
-        """Plain JSON data (bandwidths in bytes per second, links as ``[src, dst]``)."""
+    def as_dict(self, *, per: str = "samples") -> dict:
+        """Plain JSON data (bandwidths in bytes per second, links as ``[src, dst]``; ``per`` as
+        in :meth:`summary_line`)."""
         slowest = self.slowest
         return {
             "threshold": self.threshold, "samples": self.samples, "judged": self.judged,
@@ -193,7 +194,7 @@ class LinkVerdict:
                             "others_Bps": s.others_Bps} for s in self.slow_nodes],
             "slow_links": [{"links": [list(link) for link in s.links], "Bps": list(s.bytes_per_s), "tier": s.tier,
                             "others_Bps": s.others_Bps} for s in self.slow_links],
-            "summary": self.summary_line(),
+            "summary": self.summary_line(per=per),
         }
 
 
@@ -252,11 +253,11 @@ def _judge(
     named = explained | {link for found in slow_links for link in found.links}
     others = {tier: measured.median(l for l in links if l not in named) for tier, links in by_tier.items()}
 
-    def endpoint(tier: str, ranks: Sequence[int]) -> tuple[float, float, float]:
+    def endpoint(tier: str, ranks: Sequence[int]) -> tuple[float, float, float | None]:
         own = [link for link in by_tier[tier] if set(link) & set(ranks)]
         into = measured.median(l for l in own if l[1] in ranks)
         out = measured.median(l for l in own if l[0] in ranks)
-        return into, out, math.nan if others[tier] is None else others[tier]
+        return into, out, others[tier]
 
     return LinkVerdict(
         world_size=world_size, bandwidths=bandwidths, tiers=tier_of, nodes=nodes, threshold=threshold,
@@ -374,24 +375,27 @@ def _arrow(link: Link) -> str:
     return f"{link[0]}→{link[1]}"
 
 
-def _others(tier: str) -> str:
-    return "others" if tier == ALL else f"other links {tier}"
+def _others(tier: str, bytes_per_s: float | None) -> str:
+    """``, others 47.8 MB/s``: what a finding is compared with (nothing when every link is named)."""
+    if bytes_per_s is None:
+        return ""
+    return f", {'others' if tier == ALL else f'other links {tier}'} {_mbps(bytes_per_s)}"
 
 
 def _rank_clause(slow: SlowRank) -> str:
     what = "links inside its node are" if slow.tier == INSIDE else "network is"
-    return (f"rank {slow.rank}'s {what} slow: {_mbps(slow.in_Bps)} in, {_mbps(slow.out_Bps)} out, "
-            f"{_others(slow.tier)} {_mbps(slow.others_Bps)}")
+    return (f"rank {slow.rank}'s {what} slow: {_mbps(slow.in_Bps)} in, {_mbps(slow.out_Bps)} out"
+            + _others(slow.tier, slow.others_Bps))
 
 
 def _node_clause(slow: SlowNode) -> str:
     ranks = ", ".join(map(str, slow.ranks))
-    return (f"node {slow.node}'s uplink is slow (ranks {ranks}): {_mbps(slow.in_Bps)} in, {_mbps(slow.out_Bps)} out, "
-            f"{_others(BETWEEN)} {_mbps(slow.others_Bps)}")
+    return (f"node {slow.node}'s uplink is slow (ranks {ranks}): {_mbps(slow.in_Bps)} in, {_mbps(slow.out_Bps)} out"
+            + _others(BETWEEN, slow.others_Bps))
 
 
 def _links_clause(slow: SlowLinks) -> str:
     names = " and ".join(map(_arrow, slow.links))
     values = " and ".join(map(_megabytes, slow.bytes_per_s))
     verb = "are" if len(slow.links) > 1 else "is"
-    return f"{names} {verb} slow: {values} MB/s, {_others(slow.tier)} {_mbps(slow.others_Bps)}"
+    return f"{names} {verb} slow: {values} MB/s{_others(slow.tier, slow.others_Bps)}"

@@ -1,0 +1,119 @@
+"""Measure the bandwidth of every directed link between the ranks of the default group.
+
+Pairs of ranks that share no rank use separate links, so they are timed at the same time,
+in the rounds of the circle method (:func:`ddp_ring_hooks.links.exchange_rounds`)::
+
+    p = 4:   round 0: 0⇄3 1⇄2    round 1: 0⇄2 1⇄3    round 2: 0⇄1 2⇄3
+
+1. **Warm up.** Every pair exchanges one message untimed (gloo may open its connections on
+   first use; the kernel sizes its TCP buffers).
+2. **Each repeat, each round:** all ranks meet at a barrier, so rounds never overlap (on
+   two tiers a pair of the next round would share an uplink with one still running). Then
+   each pair shakes hands (a one-byte exchange: both ends start within one message's latency
+   of each other) and exchanges ``message_bytes`` in both directions at once.
+3. **Receive first.** Each rank posts the receive from its partner *before* the send to it:
+   gloo queues a rank's "receive posted" notice behind a payload it is already writing to
+   that peer, so with the send first the two directions would take turns instead of sharing
+   the full-duplex link.
+4. **Time by the receiver:** the seconds from the post until this rank's receive completed
+   are the partner→rank link's time (the send may finish a little later: its bytes were in
+   the partner's socket buffer).
+5. Every rank's times are gathered, with each rank's node (``GROUP_RANK``, else
+   ``rank // LOCAL_WORLD_SIZE``, torchrun's variables) and host name, into the same
+   :class:`~ddp_ring_hooks.links.LinkMatrix` on every rank.
+
+gloo only (TCP between hosts, the CPU's memory): the probe measures the hosts' network, as
+the hook's gloo transfers see it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..links import LinkMatrix, LinkSample, exchange_rounds, partner_in
+from .collectives import all_gather_ints
+
+#: Where the ranks' nodes came from, as the link matrix records it (index: the code gathered).
+_NODE_SOURCES = (None, "GROUP_RANK", "LOCAL_WORLD_SIZE")
+
+
+def measure_links(*, message_bytes: int, repeats: int) -> LinkMatrix:
+    """Time ``repeats`` exchanges of ``message_bytes`` on every pair of ranks of the default
+    (gloo) group, both directions at once; every rank returns the same matrix. Collective."""
+    if not isinstance(message_bytes, int) or message_bytes < 1:
+        raise ValueError(f"message_bytes must be a whole number of bytes >= 1, got {message_bytes!r}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a whole number >= 1, got {repeats!r}")
+    backend = dist.get_backend()
+    if backend != "gloo":
+        raise ValueError(f"the link probe runs on gloo (TCP between hosts), not {backend!r}: "
+                         "initialize the process group with backend='gloo'")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if world_size < 2:
+        raise ValueError("measuring links needs 2 ranks or more; start it under torchrun with several ranks")
+    rounds = exchange_rounds(world_size)
+    outgoing = torch.full((message_bytes,), rank % 256, dtype=torch.uint8)
+    incoming = torch.empty_like(outgoing)
+    for pairs in rounds:  # 1. warm up
+        partner = partner_in(pairs, rank)
+        dist.barrier()
+        if partner is not None:
+            _exchange(outgoing, incoming, partner)
+    seconds = torch.full((repeats, len(rounds)), math.nan, dtype=torch.float64)
+    for repeat in range(repeats):  # 2.
+        for index, pairs in enumerate(rounds):
+            partner = partner_in(pairs, rank)
+            dist.barrier()
+            if partner is not None:
+                seconds[repeat, index] = _exchange(outgoing, incoming, partner)
+    gathered = [torch.empty_like(seconds) for _ in range(world_size)]  # 5.
+    dist.all_gather(gathered, seconds)
+    samples = tuple(
+        LinkSample(src=partner, dst=receiver, nbytes=message_bytes, seconds=float(times[repeat, index]))
+        for receiver, times in enumerate(gathered) for repeat in range(repeats)
+        for index, pairs in enumerate(rounds) if (partner := partner_in(pairs, receiver)) is not None
+    )
+    nodes, nodes_from = _nodes(rank)
+    hosts: list[str] = [""] * world_size
+    dist.all_gather_object(hosts, socket.gethostname())
+    return LinkMatrix(world_size=world_size, samples=samples, message_bytes=message_bytes, repeats=repeats,
+                      nodes=nodes, nodes_from=nodes_from, hosts=tuple(hosts), backend=backend)
+
+
+def _exchange(outgoing: torch.Tensor, incoming: torch.Tensor, partner: int) -> float:
+    """Both directions with ``partner`` at once (3.); seconds until this rank had its message (4.)."""
+    _both_ways(torch.zeros(1, dtype=torch.uint8), torch.empty(1, dtype=torch.uint8), partner)  # the handshake
+    start = time.perf_counter()
+    return _both_ways(outgoing, incoming, partner) - start
+
+
+def _both_ways(outgoing: torch.Tensor, incoming: torch.Tensor, partner: int) -> float:
+    """Receive from ``partner`` and send to it, the receive posted first; the clock when the
+    receive completed (then the send is waited for too)."""
+    receive = dist.irecv(incoming, src=partner)
+    send = dist.isend(outgoing, dst=partner)
+    receive.wait()
+    received = time.perf_counter()
+    send.wait()
+    return received
+
+
+def _nodes(rank: int) -> tuple[tuple[int, ...] | None, str | None]:
+    """Each rank's node and where it came from (the same source on every rank), else ``None``s."""
+    if "GROUP_RANK" in os.environ:
+        mine = [int(os.environ["GROUP_RANK"]), 1]
+    elif "LOCAL_WORLD_SIZE" in os.environ:
+        mine = [rank // int(os.environ["LOCAL_WORLD_SIZE"]), 2]
+    else:
+        mine = [-1, 0]
+    rows = all_gather_ints(mine, None)
+    sources = {source for _, source in rows}
+    if len(sources) != 1 or 0 in sources:
+        return None, None
+    return tuple(node for node, _ in rows), _NODE_SOURCES[sources.pop()]

@@ -234,7 +234,7 @@ def test_the_table_marks_the_runs_own_rows_and_explains_the_explicit_cap_of_its_
     assert "(25 is bucket_cap_mb=25 given explicitly, not this run: an explicit cap also makes the first bucket 25 MB" in text
 
     records = timeline(ready=[20.0, 20.0])
-    records[0] = {**records[0], "first_bucket_bytes": 25 * MIB}  # bucket_cap_mb=25 given explicitly
+    records[0] = dataclasses.replace(records[0], first_bucket_bytes=25 * MIB)  # bucket_cap_mb=25 given explicitly
     explicit = advise(records)
     assert ("bucket_cap_mb", 25) in {(r["knob"], r["value"]) for r in explicit["what_if"] if r["this_run"]}
     assert "  25 (this run) " in format_advice(explicit) and "given explicitly" not in format_advice(explicit)
@@ -408,7 +408,7 @@ def test_advise_on_a_directory_of_runs_lists_them_and_advises_on_the_first(tmp_p
             run = tmp_path / f"accumulate_{k}" / f"round_{round_index}"
             run.mkdir(parents=True)
             records = timeline(ready=[20.0, 20.0], k=k, micro=5.0)
-            (run / "timeline.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+            (run / "timeline.jsonl").write_text("\n".join(r.to_json() for r in records))
     assert main(["advise", str(tmp_path), "--json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["run"]["accumulate"] == 1  # stdout stays one JSON document
@@ -489,7 +489,7 @@ def test_a_hierarchical_run_is_advised_with_its_own_node_size_wherever_its_log_i
 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     records = timeline(ready=[2.0, 20.0])
-    records[0] = {**records[0], "algorithm": "hierarchical", "world_size": 4, "local_world_size": 2}
+    records[0] = dataclasses.replace(records[0], algorithm="hierarchical", world_size=4, local_world_size=2)
     model = step_model(records)
     here = run_setting(model.profile)
     assert setting_options(model.profile, here) == {"local_size": 2}

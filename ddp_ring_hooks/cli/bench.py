@@ -3,11 +3,13 @@
     ddp-ring-hooks bench --nproc 4 -b 4K -e 64M -f 2               # spawns 4 local gloo ranks
     torchrun --standalone --nproc_per_node=4 -m ddp_ring_hooks bench -b 1M -e 1G    # NCCL on GPUs
     ddp-ring-hooks bench --nproc 2 --algorithms ring,native --rounds 5 --json bench.json --plot bench.png
+    ddp-ring-hooks bench --nproc 4 --algorithms ring,double_binary_tree --segments 8 --ring-order 0,2,1,3
 
 Columns as in nccl-tests: size (bytes), count (elements), time (us, slowest rank), algbw and
 busbw (GB/s, 1e9 bytes; busbw = algbw · 2(p-1)/p), #wrong (elements off the float64 sum by
 more than the rounding bound). Exit status 1 when a value is wrong, 2 on bad arguments.
-See :mod:`ddp_ring_hooks.bench` for how it measures.
+See :mod:`ddp_ring_hooks.bench` for how it measures. The algorithms' options are flags, one
+per option name in the algorithm registry; each goes to the chosen algorithms that take it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch.distributed as dist
 from .. import bench
 from ..launch import run_on_ranks, under_torchrun
 from ..runtime.collectives import device_of
-from ..schedules import ALGORITHMS
+from ..schedules import ALGORITHMS, Option, algorithm_names, get_algorithm
 from ..units import SIZE_HELP
 from . import fail
 
@@ -53,6 +55,15 @@ def add_parser(subparsers) -> None:
     sweep.add_argument("--algorithms", default=",".join([*ALGORITHMS, bench.AUTO, bench.NATIVE]), metavar="A,B,...",
                        help="comma-separated algorithms; 'auto' probes once and then picks per size like the "
                             "hook's algorithm='auto'; 'native' is dist.all_reduce (default: all of them)")
+    schedule = parser.add_argument_group(
+        "algorithm options", "each goes to the chosen algorithms that take it; VALUE is a number, a word, "
+        "or numbers separated by commas (--ring-order 0,2,1,3)",
+    )
+    for option, takers in registry_options():
+        schedule.add_argument(
+            f"--{option.name.replace('_', '-')}", dest=option.name, type=parse_option_value, default=None,
+            metavar="VALUE", help=f"{', '.join(takers)}: {option.doc}",
+        )
     ranks = parser.add_argument_group("ranks")
     ranks.add_argument("--nproc", type=int, default=2, metavar="N",
                        help="local gloo ranks to spawn when not under torchrun (default: 2); "
@@ -82,15 +93,58 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("need -w >= 0, -n >= 1 and --rounds >= 1")
         if not under_torchrun() and args.nproc < 2:
             raise ValueError(f"--nproc must be at least 2 to communicate, got {args.nproc}")
-    except ValueError as error:
+        options = options_per_algorithm(args, algorithms)
+    except (TypeError, ValueError) as error:
         return fail("bench", str(error))
     wrong = run_on_ranks(
-        _bench_on_rank, args, sizes, algorithms, nproc=args.nproc, backend=args.backend, timeout_s=args.timeout
+        _bench_on_rank, args, sizes, algorithms, options, nproc=args.nproc, backend=args.backend, timeout_s=args.timeout
     )
     return 1 if wrong else 0
 
 
-def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[str]) -> int:
+def registry_options() -> list[tuple[Option, list[str]]]:
+    """Every option name of the registry once, with the algorithms that take it."""
+    takers: dict[str, tuple[Option, list[str]]] = {}
+    for name in algorithm_names():
+        for option in get_algorithm(name).options:
+            takers.setdefault(option.name, (option, []))[1].append(name)
+    return list(takers.values())
+
+
+def parse_option_value(text: str) -> object:
+    """``"8"`` -> 8, ``"0,2,1,3"`` -> (0, 2, 1, 3), ``"hosts"`` -> ``"hosts"``."""
+    parts = [part.strip() for part in text.split(",")]
+    if all(part.lstrip("-").isdigit() for part in parts):
+        numbers = tuple(int(part) for part in parts)
+        return numbers if "," in text else numbers[0]
+    if "," in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: a list must be integers separated by commas")
+    return text
+
+
+def options_per_algorithm(args: argparse.Namespace, algorithms: list[str]) -> dict[str, dict]:
+    """The option flags given, handed to each chosen algorithm that takes them, checked here
+    (before any rank starts); a flag none of them takes is an error."""
+    given = {option.name: getattr(args, option.name) for option, _ in registry_options() if getattr(args, option.name) is not None}
+    scheduled = [name for name in algorithms if name in algorithm_names()]
+    per_algorithm = {
+        name: {option: value for option, value in given.items() if option in get_algorithm(name).option_names}
+        for name in scheduled
+    }
+    unused = sorted(set(given) - {option for options in per_algorithm.values() for option in options})
+    if unused:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in unused)
+        raise ValueError(f"none of the chosen algorithms ({', '.join(algorithms)}) takes {flags}; add one that does or drop it")
+    # Each value's own check, here; what depends on the ranks (LOCAL_WORLD_SIZE, the world size)
+    # is checked when they build their schedules.
+    for option, _ in registry_options():
+        problem = option.check(given[option.name]) if option.name in given else None
+        if problem:
+            raise ValueError(f"--{option.name.replace('_', '-')} {given[option.name]!r} {problem}")
+    return per_algorithm
+
+
+def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[str], options: dict[str, dict]) -> int:
     """Run the sweep; rank 0 prints and writes the outputs. Returns the wrong values' count."""
     rank = dist.get_rank()
     device = device_of(None)
@@ -107,7 +161,7 @@ def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[
         )
     records = bench.run_sweep(
         sizes, algorithms=algorithms, dtype=dtype, warmup=args.warmup_iters, iters=args.iters,
-        rounds=args.rounds, device=device, progress=rank == 0 and not args.no_progress,
+        rounds=args.rounds, device=device, options=options, progress=rank == 0 and not args.no_progress,
     )
     wrong = sum(r.wrong for r in records)  # the same on every rank
     if rank != 0:
@@ -116,7 +170,7 @@ def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[
     sizes_measured = sorted({r.nbytes for r in records})
     # The fit needs two sizes or more to tell latency from bandwidth; one size still gives
     # the table, --json and --plot.
-    fitted = bench.model_errors(records) if len(sizes_measured) > 1 else {}
+    fitted = bench.model_errors(records, options) if len(sizes_measured) > 1 else {}
     if len(sizes_measured) == 1:
         print(f"# alpha-beta fit skipped: it needs 2 or more message sizes and this sweep has one "
               f"({bench.format_size(sizes_measured[0])}); give -e larger than -b to fit the model")

@@ -117,8 +117,8 @@ def describe_mismatch(rows: list[list[int]], *, iteration: int) -> str:
         )
     if _ALGORITHM in differing or _SCHEDULE in differing:
         lines.append(
-            "Every rank must run the same algorithm with the same options: pass the same algorithm "
-            "and the same options on every rank" + _options_of(rows) + "."
+            "Every rank must run the same algorithm with the same values of its options"
+            + _options_of(rows) + "."
         )
     if _LANES in differing:
         lines.append(

@@ -20,15 +20,17 @@ of the buffer (Sanders, Speck and Träff 2009; NCCL 2.4)::
     inner ranks: 0 2 4 6 (tree 0), 1 3 5 7 (tree 1); each rank is a leaf in the other tree
 
 1. The first tree is NCCL's (``ncclGetBtree`` in ``src/graph/trees.cc``): an in-order binary
-   tree over ranks ``1..p-1`` (rank ``r`` with lowest set bit ``b`` has children ``r - b/2``
-   and ``r + b/2``, clipped to the ranks there are), hung below rank 0, the root, which has
-   that one child. Its leaves are the odd ranks.
+   tree over ranks ``1..p-1``, hung below rank 0, the root, which has that one child. Rank
+   ``r`` with lowest set bit ``b`` hangs below ``r`` with that bit moved up one place
+   (``..01[0]`` and ``..11[0]`` below ``..10[0]``), or below ``r - b`` when that rank does not
+   exist. Its leaves are the odd ranks.
 2. The second tree is the first one relabelled: mirrored (``r -> p-1-r``) when ``p`` is even,
    which maps the odd leaves onto the even ranks, and shifted by one (``r -> r+1 mod p``) when
    ``p`` is odd, as NCCL does. So every rank is inner in at most one tree, except rank 0 for
    odd ``p``, whose extra role is the first tree's root with a single child: no rank sends or
    receives more than one half-buffer per tree phase. (At ``p = 3`` the trees are chains and
-   the shifted one would send both halves over the link 2 -> 0, so ``p = 3`` is mirrored too.)
+   the shifted one would send both halves over the link 2 -> 0, so ``p = 3`` is mirrored too:
+   its two chains swap root and middle, ranks 0 and 2, with one child each: just as light.)
 3. Reduce, pipelined: each half is cut into ``k`` segments (``segments=k``, chunk ``j`` of
    tree 0 and chunk ``k + j`` of tree 1), and both trees run in the same steps. Segment ``j``
    goes up edge ``e`` at step ``o(e) + j``: a rank sends a segment once both its children have

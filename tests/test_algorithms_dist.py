@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_ring_hooks
 from tests._dist import run_ranks
-from tests.conftest import DTYPES, Net, algorithm_cases, digest, rank_input, within_summation_bound
+from tests.conftest import DTYPES, Net, algorithm_cases, digest, rank_input, sgd_steps, within_summation_bound
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 6, 8)
 DDP_WORLD_SIZE = 4  # every algorithm applies, hierarchical as 2 nodes x 2
@@ -71,13 +71,7 @@ def train(rank: int, group, algorithm: str | None, options: dict) -> list[torch.
     model = DDP(Net(), process_group=group, bucket_cap_mb=0.02)  # ~20 KB buckets: a few per step
     if algorithm is not None:
         ddp_ring_hooks.register(model, algorithm=algorithm, **options)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    generator = torch.Generator().manual_seed(rank)
-    for _ in range(DDP_STEPS):
-        optimizer.zero_grad()
-        model(torch.randn(8, 32, generator=generator)).square().mean().backward()
-        optimizer.step()
-    return [p.detach().clone() for p in model.parameters()]
+    return sgd_steps(model, rank, DDP_STEPS)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from ddp_ring_hooks import HookState
 from ddp_ring_hooks.schedules import build_schedule, checked_schedule, resolve_options, schedule_nodes
 from ddp_ring_hooks.viz.layout import choose_layout
 from tests._dist import run_ranks
-from tests.conftest import Net, digest, rank_input, within_summation_bound
+from tests.conftest import Net, digest, rank_input, sgd_steps, within_summation_bound
 
 
 def successors(schedule) -> dict[int, int]:
@@ -127,14 +127,7 @@ def on_three_ranks(rank: int, world_size: int) -> dict:
     ddp_ring_hooks.register(model, algorithm="ring", ring_order=ORDER)
     plain = torch.nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=0.02)
     plain.load_state_dict(model.state_dict())
-    for net in (model, plain):
-        optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
-        generator = torch.Generator().manual_seed(rank)
-        for _ in range(3):
-            optimizer.zero_grad()
-            net(torch.randn(8, 32, generator=generator)).square().mean().backward()
-            optimizer.step()
-    report["ddp"] = [(a.detach().clone(), b.detach().clone()) for a, b in zip(model.parameters(), plain.parameters())]
+    report["ddp"] = list(zip(sgd_steps(model, rank), sgd_steps(plain, rank)))
 
     def disagree(**options) -> str:
         try:

@@ -63,7 +63,7 @@ def test_hierarchical_is_a_candidate_only_across_several_multi_rank_nodes(monkey
     assert "hierarchical" in default_candidates(8, local_size=4)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     selector = AutoSelector(LINKS, 8)
-    assert selector.options["hierarchical"] == {"local_size": 2}
+    assert selector.options["hierarchical"]["local_size"] == 2
 
 
 def test_bad_candidates_are_named():

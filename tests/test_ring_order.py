@@ -178,3 +178,16 @@ def test_ranks_with_different_orders_all_fail_the_layout_check_naming_the_option
 
 def test_hosts_under_torchrun_agrees_with_the_rank_order(reports):
     assert all(report["hosts under torchrun"] == "no error" for report in reports)
+
+
+def test_bench_takes_the_order_as_a_flag_and_checks_it_before_starting_ranks(capfd):  # the ranks print: fd level
+    from ddp_ring_hooks.cli.__main__ import main
+
+    assert main(["bench", "--nproc", "2", "--algorithms", "tree", "--ring-order", "hosts"]) == 2
+    assert "none of the chosen algorithms (tree) takes --ring-order" in capfd.readouterr().err
+    assert main(["bench", "--nproc", "2", "--algorithms", "ring", "--ring-order", "measured"]) == 2
+    assert "--ring-order 'measured' is not one of 'rank', 'hosts'" in capfd.readouterr().err
+    quick = ["-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--no-progress"]
+    assert main(["bench", "--nproc", "2", "--algorithms", "ring,tree", "--ring-order", "1,0", "--segments", "2", *quick]) == 0
+    rows = [line.split() for line in capfd.readouterr().out.splitlines() if line.strip() and not line.startswith("#")]
+    assert [(row[2], row[-1]) for row in rows] == [("ring", "0"), ("tree", "0")]  # ran, and no wrong values

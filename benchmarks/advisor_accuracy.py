@@ -269,7 +269,7 @@ def setting_of(knob: str, value, profile) -> Setting:
         bucket_cap_mb=value if knob == "bucket_cap_mb" else None,
         accumulate=value if knob == "accumulate" else 1,
         algorithm=value if knob == "algorithm" else "ring",
-        world_size=profile.world_size, local_size=profile.local_world_size,
+        world_size=profile.world_size,
     )
 
 

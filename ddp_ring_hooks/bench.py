@@ -27,10 +27,15 @@ turn, so a burst of noise on a shared machine hits every algorithm alike::
 
    busbw does not depend on ``p`` for an ideal ring, so it compares runs of different sizes
    and with the hardware's link speed.
+4. **Link limit**, when the link's rate ``B`` is known (``--link``, or the emulated lab's
+   ``DDP_RING_HOOKS_LAB_LINK``): every rank must send and receive ``2(p-1)/p · n`` bytes
+   through its own link, so no all-reduce is faster than ``2(p-1)/p · n / B``
+   (:func:`with_link_limit`). ``time / limit`` = ``link / busbw``: 1.0 is a full link.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -47,7 +52,7 @@ from .runtime import all_reduce
 from .runtime.collectives import time_calls
 from .runtime.names import AUTO, NATIVE, accepted_algorithms
 from .schedules import ALGORITHMS
-from .telemetry.records import bandwidths_GBps
+from .telemetry.records import all_reduce_bus_factor, bandwidths_GBps
 from .units import format_size, parse_size  # noqa: F401 - re-exported: bench.parse_size
 
 #: Element types by the names nccl-tests' ``-d`` takes (and torch's own names).
@@ -72,6 +77,8 @@ class BenchRecord:
     algbw_GBps: float
     busbw_GBps: float
     wrong: int  # elements out of tolerance, summed over ranks
+    link_GBps: float | None = None  # the link's rate, when known (1e9 bytes/s)
+    link_limit_us: float | None = None  # 2(p-1)/p · nbytes / link: no all-reduce is faster
 
     def as_dict(self) -> dict:
         """The record as plain JSON-ready data."""
@@ -158,6 +165,16 @@ def run_sweep(
     return records
 
 
+def with_link_limit(records: Sequence[BenchRecord], *, link_bits_per_s: int) -> list[BenchRecord]:
+    """``records`` with the link's rate and the time limit it sets, ``2(p-1)/p · nbytes / B``."""
+    link_Bps = link_bits_per_s / 8
+    return [
+        dataclasses.replace(r, link_GBps=link_Bps / 1e9,
+                            link_limit_us=all_reduce_bus_factor(r.world_size) * r.nbytes / link_Bps * 1e6)
+        for r in records
+    ]
+
+
 def check_algorithms(algorithms: Sequence[str]) -> None:
     """Raise ``ValueError`` naming the known algorithms if one of ``algorithms`` is unknown."""
     known = accepted_algorithms()
@@ -223,15 +240,17 @@ def _count_wrong(result: torch.Tensor, exact: torch.Tensor, tolerance: torch.Ten
 
 
 def format_table(records: Sequence[BenchRecord], *, baseline: str = NATIVE) -> str:
-    """The nccl-tests style table, then average busbw and busbw relative to ``baseline``."""
+    """The nccl-tests style table (with the link limit and ``time / limit`` when the records know
+    the link), then average busbw and busbw relative to ``baseline``."""
+    limited = any(r.link_limit_us is not None for r in records)
     lines = [
         f"# {'size':>10} {'count':>11} {'algorithm':>17} {'time(us)':>11} {'algbw(GB/s)':>12} "
-        f"{'busbw(GB/s)':>12} {'#wrong':>7}"
+        f"{'busbw(GB/s)':>12} {'#wrong':>7}" + (f" {'limit(us)':>11} {'x limit':>8}" if limited else "")
     ]
     for r in records:
         lines.append(
             f"  {r.nbytes:>10} {r.count:>11} {r.algorithm:>17} {r.time_us:>11.1f} {r.algbw_GBps:>12.3f} "
-            f"{r.busbw_GBps:>12.3f} {r.wrong:>7}"
+            f"{r.busbw_GBps:>12.3f} {r.wrong:>7}" + (_limit_cells(r) if limited else "")
         )
     algorithms = list(dict.fromkeys(r.algorithm for r in records))
     averages = ", ".join(
@@ -249,6 +268,12 @@ def format_table(records: Sequence[BenchRecord], *, baseline: str = NATIVE) -> s
             cells = " ".join(f"{ratios.get((name, nbytes), math.nan):>17.2f}" for name in others)
             lines.append(f"  {format_size(nbytes):>10} {cells}")
     return "\n".join(lines) + "\n"
+
+
+def _limit_cells(record: BenchRecord) -> str:
+    if not record.link_limit_us:  # unknown, or one rank (nothing to move)
+        return f" {'-':>11} {'-':>8}"
+    return f" {record.link_limit_us:>11.1f} {record.time_us / record.link_limit_us:>8.2f}"
 
 
 def busbw_ratios(records: Sequence[BenchRecord], *, baseline: str = NATIVE) -> dict[tuple[str, int], float]:

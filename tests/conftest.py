@@ -8,15 +8,32 @@ real ``nn.Module``, inputs are seeded random tensors, digests are SHA-256 of the
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from ddp_ring_hooks.schedules import algorithm_examples
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+@pytest.fixture(scope="session")
+def lab_machine():
+    """Skip unless this machine can make emulated labs (root and iproute2, ``ddp_ring_hooks.lab``);
+    first remove the labs that killed runs left behind, and at the end of the session any lab
+    this session still owns (a test killed half-way, e.g. by its timeout)."""
+    from ddp_ring_hooks.lab import remove_labs_of, remove_stale_labs, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    remove_stale_labs()
+    yield
+    remove_labs_of(os.getpid())
 
 
 def algorithm_cases(world_size: int, *, flat_hierarchies: bool = False) -> list[tuple[str, dict]]:

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -103,7 +104,7 @@ def test_accumulation_scales_compute_not_communication():
     assert p.clean_micro_ms == pytest.approx(clean) and p.step_rest_ms == pytest.approx(2.0)
     for k in (1, 2, 4, 8, 16):
         step = k * clean + 2.0 + p.exposed_ms + 1.0
-        setting = Setting(bucket_cap_mb=None, accumulate=k, algorithm="ring", world_size=2, local_size=2)
+        setting = Setting(bucket_cap_mb=None, accumulate=k, algorithm="ring", world_size=2)
         assert model.predict(setting).step_ms == pytest.approx(step)
         assert model.speedup(setting) == pytest.approx(k * p.step_ms / step)
 
@@ -115,7 +116,7 @@ def test_contention_is_measured_from_a_no_sync_micro_batch_and_priced_once_per_s
     model = step_model(records)
     p = model.profile
     assert p.contention_ms == pytest.approx(10 + 20 + 2 - 27.0)
-    one = Setting(bucket_cap_mb=None, accumulate=1, algorithm="ring", world_size=2, local_size=2)
+    one = Setting(bucket_cap_mb=None, accumulate=1, algorithm="ring", world_size=2)
     assert model.predict(one).step_ms == pytest.approx(10 + 20 + 2 + p.exposed_ms + 1.0)
     assert p.clean_micro_ms == 27.0  # the measured no_sync micro-batch
     assert model.predict(run_setting(p)).step_ms == pytest.approx(p.step_ms)  # the run itself, exactly
@@ -397,3 +398,39 @@ def test_contention_counts_what_the_busiest_rank_sends_for_every_algorithm():
     assert bytes_factor("halving_doubling", 3) == 2.0  # the fold's sender sends once; the formula's beta says 3
     assert bytes_factor("hierarchical", 8, local_size=4) == pytest.approx(1.75)
 
+
+
+def test_a_hierarchical_run_is_advised_with_its_own_node_size_wherever_its_log_is_read(monkeypatch):
+    """The advisor resolves each algorithm's options as the run did (its LOCAL_WORLD_SIZE, recorded
+    in the timeline), not from the shell that reads the log: that shell often has none, and then a
+    hierarchical run could not be advised at all."""
+    from ddp_ring_hooks.advisor.network import bytes_factor
+    from ddp_ring_hooks.advisor.step_model import setting_options
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    records = timeline(ready=[2.0, 20.0])
+    records[0] = {**records[0], "algorithm": "hierarchical", "world_size": 4, "local_world_size": 2}
+    model = step_model(records)
+    here = run_setting(model.profile)
+    assert setting_options(model.profile, here) == {"local_size": 2, "ring_order": "rank", "node_of": None}
+    assert model.predict(here).step_ms == pytest.approx(model.profile.step_ms)  # the run itself, exactly
+    algorithms = {row["value"] for row in advise(records)["what_if"] if row["knob"] == "algorithm"}
+    assert {"ring", "tree", "hierarchical"} <= algorithms
+    # An option the setting gives wins over the run's environment.
+    eight = replace(here, world_size=8, algorithm_options=(("local_size", 4),))
+    assert setting_options(model.profile, eight) == {"local_size": 4, "ring_order": "rank", "node_of": None}
+    assert bytes_factor("hierarchical", 8, **setting_options(model.profile, eight)) == pytest.approx(1.75)
+
+
+def test_a_ring_order_reaches_the_advisor_as_any_option_does():
+    """The ring's ``ring_order`` is priced like every registry option: on one tier of links every
+    order of the ring costs the same (two tiers: ``cost_model.two_tier``)."""
+    from ddp_ring_hooks.advisor.step_model import setting_options
+
+    model = step_model(timeline(ready=[2.0, 20.0]))
+    here = run_setting(model.profile)
+    reversed_ring = replace(here, algorithm_options=(("ring_order", [1, 0]),))
+    assert setting_options(model.profile, reversed_ring) == {"ring_order": (1, 0), "node_of": None}
+    assert model.predict(reversed_ring).step_ms == pytest.approx(model.predict(here).step_ms)
+    with pytest.raises(ValueError, match="ring: ring_order=\\(1, 1\\) names a rank twice"):
+        model.predict(replace(here, algorithm_options=(("ring_order", (1, 1)),)))

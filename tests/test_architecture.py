@@ -1,9 +1,10 @@
 """The dependency rule, checked on the source: layers import only the layers below them.
 
-    schedules  ->  runtime  ->  hooks  ->  integrations, cli, train_examples
+    schedules  ->  runtime  ->  hooks  ->  integrations (one module per framework), cli, train_examples
     (pure)       (torch.distributed)
     cost_model (pure), telemetry and viz are leaves that never import hooks.
     cost_model + telemetry records  ->  advisor (pure)  ->  hooks (state.advise), cli, integrations
+    lab (emulated hosts; imports nothing of the package)  ->  cli (`lab`, `bench --link`)
 
 Read with ``ast`` from the files themselves (nothing imported), so a new import that breaks
 the rule fails here with the file and the line, before it becomes a cycle or a layer that
@@ -32,9 +33,12 @@ ALLOWED: dict[str, set[str]] = {
     "advisor": {"schedules", "cost_model"},
     "hooks": {"schedules", "cost_model", "runtime", "telemetry", "advisor"},
     "launch": set(),
+    "lab": set(),
     "bench": {"schedules", "cost_model", "runtime", "telemetry", "progress", "launch", "units"},
+    # lightning.py, fabric.py, transformers.py: each the only module that imports its framework.
     "integrations": {"schedules", "cost_model", "runtime", "telemetry", "hooks", "advisor"},
-    "cli": {"schedules", "cost_model", "runtime", "telemetry", "viz", "bench", "launch", "progress", "units", "hooks", "advisor"},
+    "cli": {"schedules", "cost_model", "runtime", "telemetry", "viz", "bench", "launch", "progress", "units", "hooks", "advisor",
+            "lab"},
 }
 
 
@@ -116,3 +120,52 @@ def test_no_two_modules_import_each_other():
     }
     cycles = sorted({tuple(sorted((a, b))) for a, targets in graph.items() for b in targets if a in graph.get(b, ())})
     assert not cycles, f"modules that import each other (let one own the idea): {cycles}"
+
+
+#: Each training framework is imported by its integration module only, so the rest of the
+#: package works (and its tests run) without any of them installed.
+FRAMEWORK_OWNERS = {
+    "lightning.fabric": "integrations/fabric.py",
+    "lightning.pytorch": "integrations/lightning.py",
+    "pytorch_lightning": "integrations/lightning.py",
+    "lightning": None,  # the umbrella package: import the part you mean
+    "transformers": "integrations/transformers.py",
+    "accelerate": None,  # register() takes what accelerator.prepare returns: no module needs it
+}
+
+
+def framework_of(module: str) -> str | None:
+    """The framework a dotted import name belongs to (the longest matching prefix), if any."""
+    matches = [name for name in FRAMEWORK_OWNERS if module == name or module.startswith(name + ".")]
+    return max(matches, key=len, default=None)
+
+
+def absolute_imports(path: Path) -> list[tuple[str, int]]:
+    """``(dotted module, line)`` of every absolute import in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append((node.module, node.lineno))
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_its_integration_imports_a_framework(path):
+    here = path.relative_to(PACKAGE).as_posix()
+    wrong = [
+        (module, line) for module, line in absolute_imports(path)
+        if (framework := framework_of(module)) is not None and FRAMEWORK_OWNERS[framework] != here
+    ]
+    assert not wrong, f"{here} imports " + ", ".join(f"{m} (line {n})" for m, n in wrong) + (
+        "; only the framework's own module under integrations/ may (see FRAMEWORK_OWNERS)"
+    )
+
+
+def test_the_framework_rule_tells_the_frameworks_apart():
+    assert framework_of("lightning.fabric.strategies") == "lightning.fabric"
+    assert framework_of("lightning.pytorch") == "lightning.pytorch"
+    assert framework_of("lightning_utilities") is None and framework_of("transformers_extra") is None
+    imported = {framework_of(m) for p in (PACKAGE / "integrations").glob("*.py") for m, _ in absolute_imports(p)}
+    assert {"lightning.fabric", "lightning.pytorch", "transformers"} <= imported

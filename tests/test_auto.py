@@ -67,8 +67,37 @@ def test_hierarchical_is_a_candidate_only_across_several_multi_rank_nodes(monkey
 
 
 def test_bad_candidates_are_named():
-    with pytest.raises(ValueError, match="auto candidates must be some of"):
+    with pytest.raises(ValueError, match=r"auto: candidates=\('ring', 'butterfly'\) must be some of ring, "):
         AutoSelector(LINKS, 4, candidates=("ring", "butterfly"))
+
+
+def test_candidate_options_are_the_registrys_and_each_reaches_the_candidates_that_take_it(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    selector = AutoSelector(LINKS, 8, segments=3, local_size=4, ring_order=[0, 2, 4, 6, 1, 3, 5, 7])
+    order = {"ring_order": (0, 2, 4, 6, 1, 3, 5, 7), "node_of": None}  # to both rings, as a tuple
+    assert selector.options["tree"] == selector.options["double_binary_tree"] == {"segments": 3}
+    assert selector.options["hierarchical"] == {"local_size": 4, **order} and selector.options["ring"] == order
+    assert selector.options["halving_doubling"] == {}
+    with pytest.raises(ValueError, match="ring: ring_order=\\(0, 0\\) names a rank twice"):
+        AutoSelector(LINKS, 8, ring_order=(0, 0))
+    with pytest.raises(ValueError, match="tree: segments=0 must be an integer >= 1"):
+        AutoSelector(LINKS, 8, segments=0)  # the option's own check, as for HookState(algorithm="tree")
+    with pytest.raises(TypeError, match="unknown option 'segmnts' \\(did you mean 'segments'\\?\\); it takes calibration"):
+        AutoSelector(LINKS, 8, segmnts=3)
+    # Candidates the caller chose: an option none of them takes would be silently dropped.
+    with pytest.raises(TypeError, match="segments is an option of none of the candidates ring, native"):
+        AutoSelector(LINKS, 8, candidates=("ring", "native"), segments=3)
+    # Default candidates: a node size that makes no hierarchy leaves hierarchical out, no error.
+    assert "hierarchical" not in AutoSelector(LINKS, 8, local_size=8).candidates
+
+
+def test_hook_state_takes_autos_options_by_their_records():
+    from ddp_ring_hooks.runtime.selection import AUTO_OPTIONS, auto_option_names
+    from ddp_ring_hooks.schedules import options_by_name
+
+    assert auto_option_names() == (*(o.name for o in AUTO_OPTIONS), *options_by_name())
+    with pytest.raises(TypeError, match="unknown option 'candidate' \\(did you mean 'candidates'\\?\\)"):
+        ddp_ring_hooks.HookState(algorithm="auto", candidate=("ring",))
 
 
 def test_choices_are_logged_once_per_bucket_size(caplog):
@@ -143,11 +172,11 @@ def probe_with_nodes_of_different_sizes(rank: int, world_size: int) -> dict:
     ranks only, and a probe that runs different schedules on different ranks deadlocks."""
     import os
 
-    from ddp_ring_hooks.runtime.selection import agreed_local_size
+    from ddp_ring_hooks.runtime.selection import agreed_option_sets
 
-    report = {"agreed_when_equal": agreed_local_size(None, 2)}
+    report = {"agreed_when_equal": agreed_option_sets(None, {"local_size": 2})["hierarchical"]}
     os.environ["LOCAL_WORLD_SIZE"] = "2" if rank < 2 else "4"
-    report["agreed"] = agreed_local_size(None, None)
+    report["agreed"] = agreed_option_sets(None, {})
     try:
         AutoSelector.probed(candidates=("ring", "hierarchical"))
     except ValueError as error:
@@ -162,8 +191,10 @@ def probe_with_nodes_of_different_sizes(rank: int, world_size: int) -> dict:
 def test_nodes_of_different_sizes_leave_hierarchical_out_on_every_rank():
     reports = run_ranks(probe_with_nodes_of_different_sizes, 4, timeout=240)
     for report in reports:
-        assert report["agreed_when_equal"] == 2 and report["agreed"] is None
-        assert "do not agree on the number of ranks per node" in report["hierarchical_asked_for"]
+        assert report["agreed_when_equal"] == {"local_size": 2, "ring_order": "rank", "node_of": None}
+        assert report["agreed"]["hierarchical"] is None and report["agreed"]["tree"] == {"segments": 1}
+        assert "hierarchical is a candidate but the ranks do not agree on its options" in report["hierarchical_asked_for"]
+        assert "LOCAL_WORLD_SIZE, which differs between nodes" in report["hierarchical_asked_for"]
         assert "local_size=G" in report["hierarchical_asked_for"]
         assert report["candidates"] == reports[0]["candidates"]
         assert "hierarchical" not in report["candidates"] and "ring" in report["candidates"]

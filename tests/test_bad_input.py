@@ -81,6 +81,26 @@ def _try_bad_inputs(rank: int, world_size: int) -> dict[str, dict]:
     model.register_comm_hook(None, allreduce_hook)
     outcomes["registered over another hook"] = _outcome(lambda: register(model))
 
+    # What register() is given instead of one DDP model, and the DDP modes it refuses.
+    outcomes["not a module"] = _outcome(lambda: register("model"))
+    outcomes["module without DDP"] = _outcome(lambda: register(torch.nn.Sequential(torch.nn.Linear(4, 4))))
+    outcomes["two DDP models"] = _outcome(lambda: register(torch.nn.ModuleDict({"encoder": _ddp(), "decoder": _ddp()})))
+    outcomes["DataParallel"] = _outcome(lambda: register(torch.nn.DataParallel(torch.nn.Linear(4, 4))))
+    from torch.distributed.fsdp import fully_shard
+
+    outcomes["FSDP"] = _outcome(lambda: register(fully_shard(torch.nn.Sequential(torch.nn.Linear(4, 4)))))
+    compiled = torch.compile(_ddp())  # compiles nothing until called: only the wrapper is looked into
+    outcomes["compiled DDP"] = _outcome(
+        lambda: register(compiled) and compiled._orig_mod._get_ddp_logging_data()["comm_hook"]
+    )
+    from torch._dynamo import config as dynamo_config
+
+    with dynamo_config.patch(optimize_ddp="python_reducer"):
+        python_reducer = _ddp()
+    outcomes["python_reducer"] = _outcome(lambda: register(python_reducer))
+    with dynamo_config.patch(compiled_autograd=True):
+        outcomes["compiled autograd"] = _outcome(lambda: register(_ddp()))
+
     # Ranks that disagree. (Different parameter shapes are DDP's to catch, at construction: it
     # raises on the ranks that differ from rank 0, while rank 0 waits in its broadcast.)
     # Different bucket caps pass DDP; with find_unused_parameters, step 1's buckets differ.
@@ -192,6 +212,29 @@ def test_backend_without_point_to_point_is_refused(outcomes):
 def test_registering_twice_is_refused(outcomes):
     assert "already has the communication hook 'ring_hook'" in _error(outcomes, "registered twice")
     assert "allreduce_hook" in _error(outcomes, "registered over another hook")
+
+
+def test_register_finds_the_ddp_model_inside_a_wrapper(outcomes):
+    for rank_outcomes in outcomes:  # registered on the DDP inside torch.compile's wrapper, as DDP reports
+        assert (rank_outcomes["compiled DDP"]["error"], rank_outcomes["compiled DDP"]["value"]) == (None, "ring_hook")
+
+
+@pytest.mark.parametrize(
+    "case, says",
+    [
+        ("not a module", ["got str, which is not a torch.nn.Module", "a module that wraps one"]),
+        ("module without DDP", ["found no DistributedDataParallel in Sequential(Linear)", "DistributedDataParallel(model)"]),
+        ("two DDP models", ["ModuleDict holds 2 DistributedDataParallel models ('decoder', 'encoder')",
+                            "register(model.get_submodule('decoder'))"]),
+        ("DataParallel", ["in DataParallel(Linear)", "nn.DataParallel runs one process"]),
+        ("FSDP", ["in FSDPSequential(Linear)", "sharded by FSDP"]),
+        ("python_reducer", ['optimize_ddp = "python_reducer"', "(grad, param) tuple", 'optimize_ddp = "ddp_optimizer"']),
+        ("compiled autograd", ["compiled autograd is on", "torch._dynamo.config.compiled_autograd = False"]),
+    ],
+)
+def test_register_says_what_it_found_instead_of_one_ddp_model(outcomes, case, says):
+    message = _error(outcomes, case)
+    assert all(part in message for part in says), message
 
 
 def test_different_bucket_layouts_fail_on_every_rank_in_the_first_step(outcomes):

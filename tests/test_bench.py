@@ -8,7 +8,7 @@
   to the one-slice run and across ranks, and the observer must see the same phases and steps
   in the same order. Tolerance against ``dist.all_reduce``: the exact float64 sum within
   ``(p - 1) · eps · Σ|x_r|`` (rounding bound for ``p`` addends, 2x margin).
-- Size parsing, the sweep and bad input (no processes).
+- Size parsing, the sweep, the link limit 2(p-1)/p · n / B and bad input (no processes).
 
 Run: ``python -m pytest -q tests/test_bench.py``.
 """
@@ -47,11 +47,12 @@ def test_bench_command_writes_checked_records_and_a_plot(tmp_path):
     command = [
         sys.executable, "-m", "ddp_ring_hooks", "bench", "--nproc", "2", "-b", "4K", "-e", "64K", "-f", "16",
         "-w", "1", "-n", "2", "--algorithms", "ring,auto,native", "--json", str(json_path), "--plot", str(plot_path),
-        "--no-progress", "--timeout", "120",
+        "--no-progress", "--timeout", "120", "--link", "400Mbit",
     ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "busbw(GB/s)" in done.stdout and "Out of bounds values: 0 OK" in done.stdout
+    assert "# link 400Mbit: limit = 2(p-1)/p * size / link" in done.stdout and "x limit" in done.stdout
     fitted = [line for line in done.stdout.splitlines() if line.startswith("#   ring ")]
     assert len(fitted) == 1 and "median |predicted - measured| / measured" in fitted[0]
 
@@ -65,6 +66,7 @@ def test_bench_command_writes_checked_records_and_a_plot(tmp_path):
         assert r["world_size"] == 2 and r["wrong"] == 0 and r["time_us"] > 0
         assert r["algbw_GBps"] == pytest.approx(r["nbytes"] / (r["time_us"] * 1e-6) / 1e9, rel=1e-9)
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * (2 - 1) / 2, rel=1e-12)
+        assert r["link_GBps"] == 0.05 and r["link_limit_us"] == pytest.approx(2 * (2 - 1) / 2 * r["nbytes"] / 0.05e9 * 1e6)
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -93,6 +95,22 @@ def test_bench_rejects_bad_arguments_before_starting_ranks(capsys):
     assert "'rign'" in capsys.readouterr().err
     assert cli_main(["bench", "-b", "4 kilobytes"]) == 2
     assert "4K" in capsys.readouterr().err
+    # The algorithms' options: each one's own check, and none dropped unseen.
+    assert cli_main(["bench", "--algorithms", "tree", "--segments", "0"]) == 2
+    assert "tree: segments=0 must be an integer >= 1" in capsys.readouterr().err
+    assert cli_main(["bench", "--algorithms", "ring,native", "--segments", "2"]) == 2
+    assert "--segments is an option of none of ring, native" in capsys.readouterr().err
+    assert cli_main(["bench", "--link", "400Mbps"]) == 2
+    assert "write bits per second like 100Mbit" in capsys.readouterr().err
+
+
+def test_bench_hands_each_algorithm_its_options_and_auto_all_of_them():
+    from ddp_ring_hooks.cli.bench import options_per_algorithm
+
+    given = {"segments": 3, "local_size": 2}
+    assert options_per_algorithm(given, ["ring", "tree", "hierarchical", "auto"]) == {
+        "ring": {}, "tree": {"segments": 3}, "hierarchical": {"local_size": 2}, "auto": given,
+    }
 
 
 # -- pipelined slices in the executor --------------------------------------------------------
@@ -211,6 +229,21 @@ def test_model_errors_fit_each_algorithm_to_its_own_records(segments):
     for calibration, median_error in errors.values():
         assert median_error < 0.06
         assert calibration.alpha == pytest.approx(alpha, rel=0.3) and calibration.beta == pytest.approx(beta, rel=0.1)
+
+
+def test_the_link_limit_is_what_each_rank_must_move_through_its_link():
+    from ddp_ring_hooks.bench import with_link_limit
+
+    def record(p, nbytes, time_us):
+        return BenchRecord("ring", p, nbytes, nbytes // 4, "float32", time_us, 0.0, 0.0, 0)
+
+    # 400 Mbit/s = 50e6 B/s; 16 MiB at p=4: 1.5 * 16 MiB / 50e6 B/s = 0.503 s.
+    slow, one_rank = with_link_limit([record(4, 1 << 24, 600_000.0), record(1, 1 << 24, 10.0)], link_bits_per_s=400_000_000)
+    assert slow.link_GBps == 0.05 and slow.link_limit_us == pytest.approx(1.5 * (1 << 24) / 50e6 * 1e6)
+    assert one_rank.link_limit_us == 0.0  # nothing to move
+    table = format_table([slow, one_rank])
+    assert "limit(us)" in table and f"{600_000.0 / slow.link_limit_us:.2f}" in table
+    assert "limit(us)" not in format_table([record(4, 1 << 24, 600_000.0)])  # link unknown: no column
 
 
 def test_table_and_ratios_follow_the_definitions():

@@ -38,7 +38,7 @@ def test_closed_forms_equal_the_step_by_step_cost_of_the_schedules(world_size):
         if algorithm == "hierarchical":
             local = {"local_alpha": rng.uniform(1e-7, 1e-6), "local_beta": rng.uniform(1e-12, 1e-11)}
         schedule = build_schedule(algorithm, world_size, **options)
-        simulated = simulate(schedule, N, **params, **local, node_of=schedule_nodes(schedule))
+        simulated = simulate(schedule, N, **params, **local, placement=schedule_nodes(schedule))
         assert predict(algorithm, N, world_size, **params, **local, **options) == pytest.approx(simulated, rel=1e-12), (
             algorithm, options,
         )

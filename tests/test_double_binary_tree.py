@@ -90,7 +90,7 @@ def test_latency_grows_like_lg_p(world_size, segments):
 @pytest.mark.parametrize("world_size", [4, 6, 8, 13, 16, 32])
 def test_per_nic_its_bandwidth_is_within_p_over_p_minus_1_of_the_ring_and_the_binomial_trees_is_not(world_size):
     p = world_size
-    per_nic = {"alpha": 0.0, "beta": 1e-9, "node_of": tuple(range(p)), "shared_uplinks": True}
+    per_nic = {"alpha": 0.0, "beta": 1e-9, "placement": tuple(range(p)), "shared_uplinks": True}
     ring = simulate(build_schedule("ring", p), N, **per_nic)
     assert ring == pytest.approx(2 * (p - 1) / p * N * 1e-9)  # the lower bound
     deep = simulate(build_schedule("double_binary_tree", p, segments=512), N, **per_nic)

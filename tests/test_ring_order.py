@@ -184,10 +184,32 @@ def test_bench_takes_the_order_as_a_flag_and_checks_it_before_starting_ranks(cap
     from ddp_ring_hooks.cli.__main__ import main
 
     assert main(["bench", "--nproc", "2", "--algorithms", "tree", "--ring-order", "hosts"]) == 2
-    assert "none of the chosen algorithms (tree) takes --ring-order" in capfd.readouterr().err
+    assert "--ring-order is an option of none of tree" in capfd.readouterr().err
     assert main(["bench", "--nproc", "2", "--algorithms", "ring", "--ring-order", "measured"]) == 2
-    assert "--ring-order 'measured' is not one of 'rank', 'hosts'" in capfd.readouterr().err
+    assert "ring: ring_order='measured' is not one of 'rank', 'hosts'" in capfd.readouterr().err
     quick = ["-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--no-progress"]
     assert main(["bench", "--nproc", "2", "--algorithms", "ring,tree", "--ring-order", "1,0", "--segments", "2", *quick]) == 0
     rows = [line.split() for line in capfd.readouterr().out.splitlines() if line.strip() and not line.startswith("#")]
     assert [(row[2], row[-1]) for row in rows] == [("ring", "0"), ("tree", "0")]  # ran, and no wrong values
+
+
+def test_explain_and_animate_take_the_order_as_flags_and_show_it(tmp_path, capsys):
+    from ddp_ring_hooks.cli.__main__ import main
+
+    said = "ring order 0, 2, 1, 3: the rings visit the ranks in this order, not 0, 1, 2, 3"
+    assert main(["explain", "--algorithm", "ring", "--world-size", "4", "--ring-order", "0,2,1,3"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1] == said and "sends    0 +> 2 c3   1 +> 3 c1   2 +> 1 c0   3 +> 0 c2" in out
+    assert main(["explain", "--algorithm", "ring", "--ring-order", "hosts", "--node-of", "0,1,0,1"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == said
+    assert main(["explain", "--algorithm", "ring"]) == 0
+    assert "ring order" not in capsys.readouterr().out  # the rank order: no line
+    assert main(["explain", "--algorithm", "ring", "--ring-order", "0,1,2"]) == 2
+    assert "(on the command line: --ring-order rank|hosts|R0,R1,...)" in capsys.readouterr().err
+    assert main(["explain", "--algorithm", "ring", "--node-of", "0,x"]) == 2
+    assert "node_of='0,x' must be one node number" in capsys.readouterr().err
+    pytest.importorskip("matplotlib")
+    gif = tmp_path / "ring_order.gif"
+    assert main(["animate", "--algorithm", "ring", "--world-size", "4", "--ring-order", "0,2,1,3", "--output", str(gif),
+                 "--no-progress"]) == 0
+    assert gif.stat().st_size > 0 and "wrote" in capsys.readouterr().out

@@ -54,28 +54,28 @@ def test_ring_crossings_count_the_hops_between_nodes():
 
 
 def node_shapes():
-    """(world_size, node_of, ring_order) for placed and misplaced ranks, several node sizes."""
+    """(world_size, placement, ring_order) for placed and misplaced ranks, several node sizes."""
     for p, g in ((4, 2), (6, 2), (6, 3), (8, 2), (8, 4), (9, 3), (12, 4)):
-        for node_of in (blocks(p, g), interleaved(p, p // g)):
-            yield p, g, node_of, "rank"
-            yield p, g, node_of, tuple(random.Random(p * g).sample(range(p), p))
+        for placement in (blocks(p, g), interleaved(p, p // g)):
+            yield p, g, placement, "rank"
+            yield p, g, placement, tuple(random.Random(p * g).sample(range(p), p))
     yield 5, 5, (0,) * 5, "rank"
 
 
-@pytest.mark.parametrize("world_size, local_size, node_of, order", list(node_shapes()))
-def test_ring_closed_form_equals_the_schedule_counted_and_simulated_with_shared_uplinks(world_size, local_size, node_of, order):
+@pytest.mark.parametrize("world_size, local_size, placement, order", list(node_shapes()))
+def test_ring_closed_form_equals_the_schedule_counted_and_simulated_with_shared_uplinks(world_size, local_size, placement, order):
     schedule = build_schedule("ring", world_size, ring_order=order)
-    crossings = ring_crossings(schedule_order(schedule), node_of)
+    crossings = ring_crossings(schedule_order(schedule), placement)
     closed = ring_uplink_cost(world_size, crossings=crossings)
-    _same(uplink_terms(schedule, node_of), closed)
+    _same(uplink_terms(schedule, placement), closed)
     tiers = {"alpha": 80e-6, "beta": 8e-9, "local_alpha": 5e-6, "local_beta": 1e-10, "gamma": 3e-11}
-    simulated = simulate(schedule, N, node_of=node_of, shared_uplinks=True, **tiers)
+    simulated = simulate(schedule, N, placement=placement, shared_uplinks=True, **tiers)
     assert price(closed, N, **tiers) == pytest.approx(simulated, rel=1e-12)
 
 
 @pytest.mark.parametrize("world_size, local_size", [(4, 2), (6, 2), (6, 3), (8, 2), (8, 4), (12, 3), (16, 4)])
 def test_hierarchical_closed_form_equals_the_schedule_when_a_nodes_ranks_share_its_uplink(world_size, local_size):
-    closed = hierarchical_uplink_cost(world_size, local_size=local_size)
+    closed = hierarchical_uplink_cost(world_size, ranks_per_node=local_size)
     tiers = {"alpha": 80e-6, "beta": 8e-9, "local_alpha": 5e-6, "local_beta": 1e-10, "gamma": 3e-11}
     # Placed node by node, and misplaced but fixed by ring_order="hosts": the same cost.
     misplaced = interleaved(world_size, world_size // local_size)
@@ -83,9 +83,9 @@ def test_hierarchical_closed_form_equals_the_schedule_when_a_nodes_ranks_share_i
         build_schedule("hierarchical", world_size, local_size=local_size),
         build_schedule("hierarchical", world_size, local_size=local_size, ring_order="hosts", node_of=misplaced),
     ):
-        node_of = schedule_nodes(schedule)
-        _same(uplink_terms(schedule, node_of), closed)
-        simulated = simulate(schedule, N, node_of=node_of, shared_uplinks=True, **tiers)
+        placement = schedule_nodes(schedule)
+        _same(uplink_terms(schedule, placement), closed)
+        simulated = simulate(schedule, N, placement=placement, shared_uplinks=True, **tiers)
         assert price(closed, N, **tiers) == pytest.approx(simulated, rel=1e-12)
 
 
@@ -94,7 +94,7 @@ def test_on_the_issue_network_hierarchical_takes_two_thirds_of_the_placed_ring_a
     placed, misplaced = blocks(4, 2), interleaved(4, 2)
     ring = price(ring_uplink_cost(4, crossings=ring_crossings(range(4), placed)), N, **uplink)
     crossing = price(ring_uplink_cost(4, crossings=ring_crossings(range(4), misplaced)), N, **uplink)
-    hierarchical = price(hierarchical_uplink_cost(4, local_size=2), N, **uplink)
+    hierarchical = price(hierarchical_uplink_cost(4, ranks_per_node=2), N, **uplink)
     assert crossing / ring == pytest.approx(2.0)
     assert hierarchical / ring == pytest.approx(2 / 3)
 
@@ -102,18 +102,18 @@ def test_on_the_issue_network_hierarchical_takes_two_thirds_of_the_placed_ring_a
 def test_one_nic_per_rank_is_every_rank_its_own_node():
     schedule = build_schedule("tree", 8)
     per_link = simulate(schedule, N, alpha=1e-5, beta=1e-9)
-    per_nic = simulate(schedule, N, alpha=1e-5, beta=1e-9, node_of=tuple(range(8)), shared_uplinks=True)
+    per_nic = simulate(schedule, N, alpha=1e-5, beta=1e-9, placement=tuple(range(8)), shared_uplinks=True)
     assert per_nic == pytest.approx(per_link)  # one message per rank and step: nothing shares a NIC
     pipelined = build_schedule("tree", 8, segments=4)  # the root feeds several children at once
-    assert simulate(pipelined, N, alpha=1e-5, beta=1e-9, node_of=tuple(range(8)), shared_uplinks=True) > simulate(
+    assert simulate(pipelined, N, alpha=1e-5, beta=1e-9, placement=tuple(range(8)), shared_uplinks=True) > simulate(
         pipelined, N, alpha=1e-5, beta=1e-9
     )
 
 
 def test_bad_node_maps_are_named():
-    with pytest.raises(ValueError, match="node_of names the nodes of 3 ranks but the ring schedule has 4"):
+    with pytest.raises(ValueError, match="placement names the nodes of 3 ranks but the ring schedule has 4"):
         uplink_traffic(build_schedule("ring", 4), N, (0, 0, 1))
-    with pytest.raises(ValueError, match="shared_uplinks needs node_of"):
+    with pytest.raises(ValueError, match="shared_uplinks needs placement"):
         simulate(build_schedule("ring", 4), N, alpha=1.0, beta=1.0, shared_uplinks=True)
 
 

@@ -22,11 +22,10 @@ from dataclasses import replace
 from ..schedules import algorithm_names
 from .network import NATIVE, Network, from_run
 from .profile import profile_run
-from .step_model import Setting, StepModel, run_setting
+from .step_model import Setting, StepModel, run_setting, setting_options
 
 BUCKET_CAPS_MB = (1, 5, 10, 25, 50, 100)
 ACCUMULATE = (1, 2, 4, 8, 16)
-ALL_ALGORITHMS = algorithm_names()
 #: Predicted gains below this are within the model's error: no recommendation.
 MIN_GAIN = 1.03
 
@@ -36,7 +35,7 @@ def step_model(records: Sequence[dict], *, network: Network | None = None) -> St
     profile = profile_run(records)
     run_network = from_run(
         algorithm=profile.algorithm, world_size=profile.world_size,
-        samples=[(b.nbytes, b.comm_ms) for b in profile.buckets],
+        samples=[(b.nbytes, b.comm_ms) for b in profile.buckets], options=setting_options(profile, run_setting(profile)),
     )
     return StepModel(profile, run_network, network or run_network)
 
@@ -52,13 +51,14 @@ def what_if(model: StepModel) -> list[dict]:
     variants: list[tuple[str, object, Setting]] = []
     variants += [("bucket_cap_mb", v, replace(here, bucket_cap_mb=float(v))) for v in BUCKET_CAPS_MB]
     variants += [("accumulate", v, replace(here, accumulate=v)) for v in ACCUMULATE]
-    variants += [("algorithm", a, replace(here, algorithm=a, local_size=model.profile.local_world_size)) for a in ALL_ALGORITHMS]
-    variants += [("world_size", p, replace(here, world_size=p, local_size=model.profile.local_world_size)) for p in world_sizes(here.world_size)]
+    # Another algorithm takes its own options' defaults (and the run's LOCAL_WORLD_SIZE), not the run's.
+    variants += [("algorithm", a, replace(here, algorithm=a, algorithm_options=())) for a in algorithm_names()]
+    variants += [("world_size", p, replace(here, world_size=p)) for p in world_sizes(here.world_size)]
     rows = []
     for knob, value, setting in variants:
         try:
             prediction = model.predict(setting)
-        except ValueError:  # e.g. hierarchical with a node size that does not divide p
+        except ValueError:  # options that do not fit, e.g. a node size that does not divide p
             continue
         rows.append({
             "knob": knob, "value": value, "step_ms": prediction.step_ms, "comm_ms": prediction.comm_ms,

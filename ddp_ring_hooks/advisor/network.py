@@ -80,28 +80,31 @@ class Network:
         }
 
 
-def from_run(*, algorithm: str, world_size: int, samples: Iterable[tuple[int, float]]) -> Network:
-    """Fit α, β to ``(nbytes, ms)`` of this run's buckets, with ``algorithm``'s formula."""
+def from_run(
+    *, algorithm: str, world_size: int, samples: Iterable[tuple[int, float]], options: Mapping[str, object] | None = None
+) -> Network:
+    """Fit α, β to ``(nbytes, ms)`` of this run's buckets, with ``algorithm``'s formula and the
+    ``options`` it ran with."""
     if world_size < 2:
         raise ValueError("a run on one rank communicates nothing; train on 2 or more ranks to get advice")
     samples = [(n, ms * 1e-3) for n, ms in samples if ms > 0]
     if not samples:
         raise ValueError("no bucket of this run took any time (one rank?); give a network: --network or --latency/--bandwidth")
-    formula = formula_of(algorithm)
+    formula, options = formula_of(algorithm), dict(options or {})
     if len({n for n, _ in samples}) >= 2:
         try:
-            calibration = fit(samples, algorithm=formula, world_size=world_size)
+            calibration = fit(samples, algorithm=formula, world_size=world_size, **options)
             note = "fitted to this run's buckets (in training: lanes sharing the link and cores included)"
         except ValueError:
-            calibration, note = _bandwidth_only(samples, formula, world_size)
+            calibration, note = _bandwidth_only(samples, formula, world_size, options)
     else:
-        calibration, note = _bandwidth_only(samples, formula, world_size)
+        calibration, note = _bandwidth_only(samples, formula, world_size, options)
     return Network({ANY: calibration}, note, from_this_run=True)
 
 
-def _bandwidth_only(samples, formula: str, world_size: int) -> tuple[Calibration, str]:
+def _bandwidth_only(samples, formula: str, world_size: int, options: Mapping[str, object]) -> tuple[Calibration, str]:
     """All buckets one size: α and β cannot be told apart; put everything into β."""
-    b = coefficients(formula, world_size)[1]
+    b = coefficients(formula, world_size, **options)[1]
     beta = statistics.median(t / (b * n) for n, t in samples if n > 0)
     return Calibration(0.0, beta), "this run's buckets all have one size: bandwidth only (alpha 0)"
 

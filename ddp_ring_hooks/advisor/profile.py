@@ -92,6 +92,13 @@ class RunProfile:
                 - self.exposed_ms - self.optimizer_ms)
 
     @property
+    def environment(self) -> dict[str, str]:
+        """The run's environment variables that algorithm options default to (the registry's
+        ``Option.environment``), as the timeline recorded them: options are resolved as they
+        were in the run, not in the shell that reads its log."""
+        return {"LOCAL_WORLD_SIZE": str(self.local_world_size)}
+
+    @property
     def bucket_cap_mb(self) -> float:
         return self.bucket_cap_bytes / (1 << 20)
 

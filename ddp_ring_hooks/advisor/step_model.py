@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..schedules import algorithm_names, get_algorithm
+from ..schedules import algorithm_names, resolve_options
 from .bucketing import bucket_limits, rebuilt_bucket_bytes
 from .lanes import run_lanes
 from .network import Network, bytes_factor
@@ -39,13 +39,15 @@ from .ready_curve import ReadyCurve
 
 @dataclass(frozen=True)
 class Setting:
-    """What the user can change. ``bucket_cap_mb=None``: DDP's default (25 MiB, small first bucket)."""
+    """What the user can change. ``bucket_cap_mb=None``: DDP's default (25 MiB, small first bucket);
+    ``algorithm_options``: the algorithm's own, as ``(name, value)`` pairs; the others take the
+    run's environment (``LOCAL_WORLD_SIZE``) or their defaults (see :func:`setting_options`)."""
 
     bucket_cap_mb: float | None
     accumulate: int
     algorithm: str
     world_size: int
-    local_size: int | None = None  # hierarchical: ranks per node
+    algorithm_options: tuple[tuple[str, object], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,6 @@ def run_setting(profile: RunProfile) -> Setting:
     return Setting(
         bucket_cap_mb=None if profile.default_bucket_cap else profile.bucket_cap_mb,
         accumulate=profile.accumulate, algorithm=profile.algorithm, world_size=profile.world_size,
-        local_size=profile.local_world_size,
     )
 
 
@@ -101,16 +102,17 @@ def _hidden_bytes(sizes, starts, ends, backward_ms: float) -> float:
     return total
 
 
-def _options(setting: Setting) -> dict:
+def setting_options(profile: RunProfile, setting: Setting) -> dict:
+    """The options ``setting``'s algorithm runs with: its own, the rest resolved by the registry
+    as they were in the run (its ``LOCAL_WORLD_SIZE``), else their defaults."""
     if setting.algorithm not in algorithm_names():  # "auto": priced as the ring, no options
         return {}
-    takes_node_size = "local_size" in get_algorithm(setting.algorithm).option_names
-    return {"local_size": setting.local_size} if takes_node_size else {}
+    return resolve_options(setting.algorithm, dict(setting.algorithm_options), environment=profile.environment)
 
 
 def _model(profile: RunProfile, network: Network, setting: Setting, contention_per_byte: float) -> _Raw:
     sizes, ready = _layout(profile, setting)
-    options = _options(setting)
+    options = setting_options(profile, setting)
     costs = [network.cost_ms(setting.algorithm, n, setting.world_size, **options) for n in sizes]
     factor = bytes_factor(setting.algorithm, setting.world_size, **options)
     clean_backward = profile.backward_ms - profile.contention_ms
@@ -132,7 +134,7 @@ def contention_per_byte(profile: RunProfile, network: Network) -> float:
     """The run's contention per byte moved behind backward (ms per byte), in the run's own lanes."""
     setting = run_setting(profile)
     sizes = [b.nbytes for b in profile.buckets]
-    options = _options(setting)
+    options = setting_options(profile, setting)
     costs = [network.cost_ms(setting.algorithm, n, setting.world_size, **options) for n in sizes]
     lanes = run_lanes([b.ready_ms for b in profile.buckets], costs, lanes=profile.lanes, backward_ms=profile.backward_ms)
     moved = bytes_factor(setting.algorithm, setting.world_size, **options) * _hidden_bytes(

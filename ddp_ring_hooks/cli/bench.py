@@ -3,28 +3,34 @@
     ddp-ring-hooks bench --nproc 4 -b 4K -e 64M -f 2               # spawns 4 local gloo ranks
     torchrun --standalone --nproc_per_node=4 -m ddp_ring_hooks bench -b 1M -e 1G    # NCCL on GPUs
     ddp-ring-hooks bench --nproc 2 --algorithms ring,native --rounds 5 --json bench.json --plot bench.png
+    ddp-ring-hooks lab torchrun --hosts 4 --link 400Mbit -m ddp_ring_hooks bench -b 1M -e 64M   # a real network
     ddp-ring-hooks bench --nproc 4 --algorithms ring,double_binary_tree --segments 8 --ring-order 0,2,1,3
 
 Columns as in nccl-tests: size (bytes), count (elements), time (us, slowest rank), algbw and
 busbw (GB/s, 1e9 bytes; busbw = algbw · 2(p-1)/p), #wrong (elements off the float64 sum by
-more than the rounding bound). Exit status 1 when a value is wrong, 2 on bad arguments.
+more than the rounding bound). When the link's rate B is known (--link, or on the emulated
+lab, which says it in $DDP_RING_HOOKS_LAB_LINK), also limit(us) = 2(p-1)/p · size / B, the
+time no all-reduce can beat, and time / limit. Exit status 1 when a value is wrong, 2 on bad arguments.
 See :mod:`ddp_ring_hooks.bench` for how it measures. The algorithms' options are flags, one
-per option name in the algorithm registry; each goes to the chosen algorithms that take it.
+per option in the algorithm registry; each goes to the chosen algorithms that take it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch.distributed as dist
 
 from .. import bench
+from ..lab import LINK_ENVIRONMENT, format_rate, parse_rate
 from ..launch import run_on_ranks, under_torchrun
 from ..runtime.collectives import device_of
-from ..schedules import ALGORITHMS, Option, algorithm_names, get_algorithm
+from ..schedules import ALGORITHMS, check_given_options, get_algorithm, options_for
 from ..units import SIZE_HELP
 from . import fail
+from ._options import add_option_arguments, flag, given_options
 
 
 def add_parser(subparsers) -> None:
@@ -55,15 +61,7 @@ def add_parser(subparsers) -> None:
     sweep.add_argument("--algorithms", default=",".join([*ALGORITHMS, bench.AUTO, bench.NATIVE]), metavar="A,B,...",
                        help="comma-separated algorithms; 'auto' probes once and then picks per size like the "
                             "hook's algorithm='auto'; 'native' is dist.all_reduce (default: all of them)")
-    schedule = parser.add_argument_group(
-        "algorithm options", "each goes to the chosen algorithms that take it; VALUE is a number, a word, "
-        "or numbers separated by commas (--ring-order 0,2,1,3)",
-    )
-    for option, takers in registry_options():
-        schedule.add_argument(
-            f"--{option.name.replace('_', '-')}", dest=option.name, type=parse_option_value, default=None,
-            metavar="VALUE", help=f"{', '.join(takers)}: {option.doc}",
-        )
+    add_option_arguments(parser.add_argument_group("algorithm options (also passed to auto's candidates)"))
     ranks = parser.add_argument_group("ranks")
     ranks.add_argument("--nproc", type=int, default=2, metavar="N",
                        help="local gloo ranks to spawn when not under torchrun (default: 2); "
@@ -73,6 +71,10 @@ def add_parser(subparsers) -> None:
                             "spawned ranks always use gloo")
     ranks.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                        help="give up on a rank that waits longer than this for its peers (default: 600)")
+    ranks.add_argument("--link", metavar="RATE", default=os.environ.get(LINK_ENVIRONMENT),
+                       help="the rate of each rank's link, e.g. 400Mbit or 1Gbit: adds the link limit "
+                            f"2(p-1)/p * size / RATE next to each time (default: ${LINK_ENVIRONMENT}, "
+                            "which the emulated lab sets; else none)")
     output = parser.add_argument_group("output (written by rank 0)")
     output.add_argument("--json", metavar="PATH",
                         help="write the records as JSON: one object per (algorithm, world_size, nbytes)")
@@ -89,62 +91,39 @@ def run(args: argparse.Namespace) -> int:
         )
         algorithms = [name.strip() for name in args.algorithms.split(",") if name.strip()]
         bench.check_algorithms(algorithms)
+        options = options_per_algorithm(given_options(args), algorithms)
         if args.warmup_iters < 0 or args.iters < 1 or args.rounds < 1:
             raise ValueError("need -w >= 0, -n >= 1 and --rounds >= 1")
         if not under_torchrun() and args.nproc < 2:
             raise ValueError(f"--nproc must be at least 2 to communicate, got {args.nproc}")
-        options = options_per_algorithm(args, algorithms)
-    except (TypeError, ValueError) as error:
+        link = parse_rate(args.link) if args.link else None
+    except ValueError as error:
         return fail("bench", str(error))
     wrong = run_on_ranks(
-        _bench_on_rank, args, sizes, algorithms, options, nproc=args.nproc, backend=args.backend, timeout_s=args.timeout
+        _bench_on_rank, args, sizes, algorithms, options, link,
+        nproc=args.nproc, backend=args.backend, timeout_s=args.timeout,
     )
     return 1 if wrong else 0
 
 
-def registry_options() -> list[tuple[Option, list[str]]]:
-    """Every option name of the registry once, with the algorithms that take it."""
-    takers: dict[str, tuple[Option, list[str]]] = {}
-    for name in algorithm_names():
-        for option in get_algorithm(name).options:
-            takers.setdefault(option.name, (option, []))[1].append(name)
-    return list(takers.values())
-
-
-def parse_option_value(text: str) -> object:
-    """``"8"`` -> 8, ``"0,2,1,3"`` -> (0, 2, 1, 3), ``"hosts"`` -> ``"hosts"``."""
-    parts = [part.strip() for part in text.split(",")]
-    if all(part.lstrip("-").isdigit() for part in parts):
-        numbers = tuple(int(part) for part in parts)
-        return numbers if "," in text else numbers[0]
-    if "," in text:
-        raise argparse.ArgumentTypeError(f"{text!r}: a list must be integers separated by commas")
-    return text
-
-
-def options_per_algorithm(args: argparse.Namespace, algorithms: list[str]) -> dict[str, dict]:
-    """The option flags given, handed to each chosen algorithm that takes them, checked here
-    (before any rank starts); a flag none of them takes is an error."""
-    given = {option.name: getattr(args, option.name) for option, _ in registry_options() if getattr(args, option.name) is not None}
-    scheduled = [name for name in algorithms if name in algorithm_names()]
-    per_algorithm = {
-        name: {option: value for option, value in given.items() if option in get_algorithm(name).option_names}
-        for name in scheduled
-    }
-    unused = sorted(set(given) - {option for options in per_algorithm.values() for option in options})
+def options_per_algorithm(given: dict[str, object], algorithms: list[str]) -> dict[str, dict]:
+    """Each benchmarked algorithm's share of the options given (``auto``: all of them, for its
+    candidates), checked; an option that no benchmarked algorithm takes is an error, not ignored."""
+    check_given_options(given)
+    unused = [] if bench.AUTO in algorithms else [
+        name for name in given if not any(name in get_algorithm(a).option_names for a in algorithms)
+    ]
     if unused:
-        flags = ", ".join(f"--{name.replace('_', '-')}" for name in unused)
-        raise ValueError(f"none of the chosen algorithms ({', '.join(algorithms)}) takes {flags}; add one that does or drop it")
-    # Each value's own check, here; what depends on the ranks (LOCAL_WORLD_SIZE, the world size)
-    # is checked when they build their schedules.
-    for option, _ in registry_options():
-        problem = option.check(given[option.name]) if option.name in given else None
-        if problem:
-            raise ValueError(f"--{option.name.replace('_', '-')} {given[option.name]!r} {problem}")
-    return per_algorithm
+        raise ValueError(
+            f"{', '.join(map(flag, unused))} is an option of none of {', '.join(algorithms)}; "
+            "drop it or add an algorithm that takes it to --algorithms"
+        )
+    return {name: dict(given) if name == bench.AUTO else options_for(name, given) for name in algorithms}
 
 
-def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[str], options: dict[str, dict]) -> int:
+def _bench_on_rank(
+    args: argparse.Namespace, sizes: list[int], algorithms: list[str], options: dict[str, dict], link: int | None,
+) -> int:
     """Run the sweep; rank 0 prints and writes the outputs. Returns the wrong values' count."""
     rank = dist.get_rank()
     device = device_of(None)
@@ -156,13 +135,17 @@ def _bench_on_rank(args: argparse.Namespace, sizes: list[int], algorithms: list[
             f"{args.datatype}, warm-up {args.warmup_iters}, iterations {args.iters}, rounds {args.rounds}\n"
             "# time: mean of the timed calls on the slowest rank (median over rounds); "
             "GB/s = 1e9 B/s; busbw = algbw * 2(p-1)/p\n"
-            "# #wrong: elements where |result - exact float64 sum| > (p-1) * eps * sum_r |x_r|\n#",
+            "# #wrong: elements where |result - exact float64 sum| > (p-1) * eps * sum_r |x_r|"
+            + (f"\n# link {format_rate(link)}: limit = 2(p-1)/p * size / link, the time no all-reduce beats; "
+               "x limit = time / limit" if link else "") + "\n#",
             flush=True,
         )
     records = bench.run_sweep(
         sizes, algorithms=algorithms, dtype=dtype, warmup=args.warmup_iters, iters=args.iters,
         rounds=args.rounds, device=device, options=options, progress=rank == 0 and not args.no_progress,
     )
+    if link:
+        records = bench.with_link_limit(records, link_bits_per_s=link)
     wrong = sum(r.wrong for r in records)  # the same on every rank
     if rank != 0:
         return wrong

@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..schedules import ALGORITHMS, Schedule, checked_schedule
+from ..schedules import Schedule, algorithm_names, checked_schedule, get_algorithm
 from ..viz import explain, simulate
 from . import fail
+from ._options import add_option_arguments, command_line_hint, flag, given_options
 
 
 def add_parser(subparsers) -> None:
@@ -62,33 +63,23 @@ def run(args: argparse.Namespace) -> int:
 def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
     """``--algorithm``, ``--world-size`` and the algorithms' options (shared with ``animate``)."""
     parser.add_argument(
-        "--algorithm", default="ring", choices=ALGORITHMS, help="the all-reduce algorithm (default: ring)"
+        "--algorithm", default="ring", choices=algorithm_names(scheduled_only=True),
+        help="the all-reduce algorithm (default: ring)",
     )
     parser.add_argument("--world-size", type=int, default=4, metavar="P", help="number of ranks (default: 4)")
-    parser.add_argument(
-        "--local-size", type=int, default=None, metavar="G",
-        help="hierarchical only: ranks per node; must divide the world size",
-    )
-    parser.add_argument(
-        "--segments", type=int, default=None, metavar="K", help="tree only: pipeline the buffer in K segments"
-    )
+    add_option_arguments(parser)
 
 
 def schedule_from_args(args: argparse.Namespace) -> Schedule:
     """The checked schedule the arguments name (it carries its resolved options)."""
     if args.world_size < 1:
         raise ValueError(f"--world-size must be at least 1, got {args.world_size}")
-    options = {
-        name: value
-        for name, value in (("local_size", args.local_size), ("segments", args.segments))
-        if value is not None
-    }
+    options = given_options(args)
     try:
         return checked_schedule(args.algorithm, args.world_size, **options)
     except ValueError as error:
-        hint = " (on the command line: --local-size G)" if "local_size" in str(error) else ""
-        raise ValueError(f"{error}{hint}") from None
+        raise ValueError(f"{error}{command_line_hint(str(error), args.algorithm)}") from None
     except TypeError:
-        given = ", ".join(f"--{name.replace('_', '-')}" for name in options)
+        given = ", ".join(flag(name) for name in options if name not in get_algorithm(args.algorithm).option_names)
         raise ValueError(f"{args.algorithm} does not take {given}; drop it or choose an algorithm that does") from None
 

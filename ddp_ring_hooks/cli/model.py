@@ -15,13 +15,15 @@ from __future__ import annotations
 import argparse
 import re
 import textwrap
+from collections.abc import Mapping
 
 from ..cost_model import coefficients, predict
-from ..schedules import algorithm_names, get_algorithm
+from ..schedules import algorithm_names, check_given_options, get_algorithm, options_for
 from ..units import SIZE_HELP, parse_size  # noqa: F401 - one size parser for every command
 from ..units import format_bytes as format_size
 from ..viz.text import format_seconds
 from . import fail
+from ._options import add_option_arguments, given_options
 
 _SIZE_UNITS = {  # of bandwidths only: GB/s is 1e9 B/s as links are quoted
     "": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
@@ -82,12 +84,12 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--bandwidth", default="100GB/s", help="link bandwidth, e.g. 100GB/s or 200Gb/s (default: 100GB/s)")
     parser.add_argument("--latency", default="5us", help="per-message latency alpha, e.g. 5us (default: 5us)")
     parser.add_argument("--reduce-bandwidth", default=None, help="rate of local additions, e.g. 400GB/s (gamma = 1/rate; default: free)")
-    parser.add_argument("--local-size", type=int, default=None, help="ranks per node: adds the hierarchical row for world sizes it divides")
+    add_option_arguments(parser, when_needed="; adds the {algorithms} row")
     parser.add_argument("--local-bandwidth", default=None, help="intra-node bandwidth for hierarchical (default: --bandwidth)")
     parser.add_argument("--local-latency", default=None, help="intra-node latency for hierarchical (default: --latency)")
-    parser.add_argument("--segments", type=int, default=1, help="pipeline segments of the tree (default: 1)")
     parser.add_argument("--algorithms", default=",".join(priced_without_options()),
-                        help="comma-separated rows (default: every flat algorithm; hierarchical joins with --local-size)")
+                        help="comma-separated rows (default: every algorithm the model prices with its options' "
+                             "defaults; one that needs an option joins when the option is given)")
     parser.set_defaults(func=run)
 
 
@@ -106,18 +108,19 @@ def run(args: argparse.Namespace) -> int:
             "local_beta": 1 / parse_bandwidth(args.local_bandwidth) if args.local_bandwidth else None,
         }
         algorithms = [a.strip() for a in args.algorithms.split(",")]
-        given = {"local_size": args.local_size}
+        given = given_options(args)
         algorithms += [a for a in algorithms_needing(given) if a not in algorithms]
         for algorithm in algorithms:
             get_algorithm(algorithm)  # one message for an unknown name
-        if min(world_sizes) < 1 or args.segments < 1:
-            raise ValueError("world sizes and segments must be >= 1")
+        check_given_options(given)  # each option's own check, before any row is priced
+        if min(world_sizes) < 1:
+            raise ValueError("world sizes must be >= 1")
     except ValueError as error:
         return fail("model", str(error))
     for index, nbytes in enumerate(sizes):
         if index:
             print()
-        print(render_table(nbytes, world_sizes, algorithms, params, local, args.local_size, args.segments))
+        print(render_table(nbytes, world_sizes, algorithms, params, local, given))
     return 0
 
 
@@ -149,8 +152,15 @@ def no_formula_note(algorithm: str) -> str:
     )
 
 
-def render_table(nbytes, world_sizes, algorithms, params, local, local_size, segments) -> str:
-    """The table for one size plus the lines that explain it."""
+def row_name(algorithm: str, options: Mapping[str, object]) -> str:
+    """``tree (4 segments)``: the algorithm, and its options that differ from their defaults."""
+    shown = [o.describe(options[o.name]) for o in get_algorithm(algorithm).options if options.get(o.name, o.default) != o.default]
+    return f"{algorithm} ({', '.join(shown)})" if shown else algorithm
+
+
+def render_table(nbytes, world_sizes, algorithms, params, local, given: Mapping[str, object]) -> str:
+    """The table for one size plus the lines that explain it; ``given``: the options given on
+    the command line, each row taking those of its algorithm."""
     gamma = f", gamma {params['gamma'] * 1e12:.3g} ps/B" if params["gamma"] else ""
     lines = [
         f"all-reduce of {format_size(nbytes)} per rank: alpha {format_seconds(params['alpha'])}, "
@@ -158,32 +168,29 @@ def render_table(nbytes, world_sizes, algorithms, params, local, local_size, seg
     ]
     header = ["algorithm"] + [f"p={p}" for p in world_sizes]
     rows = [header]
-    given = {"segments": segments, "local_size": local_size}
     for algorithm in algorithms:
-        record = get_algorithm(algorithm)
-        if record.cost is None:  # no formula (native): say so instead of guessing
+        if get_algorithm(algorithm).cost is None:  # no formula (native): say so instead of guessing
             rows.append([algorithm] + ["n/a"] * len(world_sizes))
             continue
-        options = {name: given[name] for name in record.option_names if given.get(name) is not None}
-        shown = [o.describe(options[o.name]) for o in record.options if options.get(o.name, o.default) != o.default]
-        cells = [f"{algorithm} ({', '.join(shown)})" if shown else algorithm]
+        options = options_for(algorithm, given)
+        cells = [row_name(algorithm, options)]
         for p in world_sizes:
             try:
                 cells.append(format_seconds(predict(algorithm, nbytes, p, **params, **local, **options)))
-            except ValueError:  # no formula, or options that do not fit p ranks (local_size not dividing p)
+            except ValueError:  # no formula, or options that do not fit p ranks (a node size not dividing p)
                 cells.append("-")
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
-    notes = explain(nbytes, world_sizes, params, segments)
+    notes = explain(nbytes, world_sizes, params, given)
     notes += [no_formula_note(a) for a in algorithms if get_algorithm(a).cost is None]
     lines += [textwrap.fill(line, width=100, subsequent_indent="  ") for line in notes]
     return "\n".join(lines)
 
 
-def explain(nbytes: float, world_sizes: list[int], params: dict, segments: int = 1) -> list[str]:
+def explain(nbytes: float, world_sizes: list[int], params: dict, given: Mapping[str, object] | None = None) -> list[str]:
     """How the ring's time grows with p at this size (barely when bandwidth-bound, steeply when
-    latency-bound), and below which size the tree beats it."""
+    latency-bound), and below which size the tree beats it (with the tree's options in ``given``)."""
     alpha, beta, gamma = params["alpha"], params["beta"], params["gamma"]
     low, high = min(world_sizes), max(world_sizes)
     if high < 2:
@@ -206,12 +213,13 @@ def explain(nbytes: float, world_sizes: list[int], params: dict, segments: int =
             f"(never more than 2n/B); algorithms with fewer steps win here."
         )
     lines = ["", ring_line]
-    tree_name = f"tree ({segments} segments)" if segments > 1 else "tree"
+    tree_options = options_for("tree", given or {})
+    tree_name = row_name("tree", tree_options)
     for p in world_sizes:
         if p < 2:
             continue
         ring_steps, ring_sent, ring_added = coefficients("ring", p)
-        tree_steps, tree_sent, tree_added = coefficients("tree", p, segments=segments)
+        tree_steps, tree_sent, tree_added = coefficients("tree", p, **tree_options)
         saved = (ring_steps - tree_steps) * alpha  # latency the tree saves
         extra = (tree_sent - ring_sent) * beta + (tree_added - ring_added) * gamma  # per byte it pays more
         if saved > 0 and extra > 0:

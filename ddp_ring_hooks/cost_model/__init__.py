@@ -4,8 +4,8 @@
     simulate(build_schedule("ring", p), nbytes, alpha=..., beta=...)  # same, from the schedule
     fit([(nbytes, seconds), ...])                           # α, β from measurements
     fit_per_algorithm(bench_records)                        # {algorithm: Calibration}
-    simulate(schedule, nbytes, node_of=..., shared_uplinks=True, ...)  # nodes sharing uplinks
-    price(uplink_terms(schedule, node_of), nbytes, alpha=..., beta=..., local_alpha=..., local_beta=...)
+    simulate(schedule, nbytes, placement=..., shared_uplinks=True, ...)  # nodes sharing uplinks
+    price(uplink_terms(schedule, placement), nbytes, alpha=..., beta=..., local_alpha=..., local_beta=...)
 
 Pure Python: no torch import, so it runs anywhere the schedules do.
 """

@@ -51,19 +51,20 @@ def simulate(
     alpha: float,
     beta: float,
     gamma: float = 0.0,
-    node_of: Sequence[int] | None = None,
+    placement: Sequence[int] | None = None,
     local_alpha: float | None = None,
     local_beta: float | None = None,
     shared_uplinks: bool = False,
 ) -> float:
     """Seconds the schedule takes in the α-β-γ model, step by step (see the module docstring).
 
-    With ``node_of`` (the node of each rank), a link between ranks of the same node costs
+    With ``placement`` (the node of each rank: ``placement[r]``; nodes of ``G`` consecutive
+    ranks are ``[r // G for r in range(p)]``), a link between ranks of the same node costs
     ``local_alpha``/``local_beta`` (default: ``alpha``/``beta``); with ``shared_uplinks`` too,
     the links between nodes share each node's uplink (``alpha``/``beta`` are the uplink's).
     """
-    if shared_uplinks and node_of is None:
-        raise ValueError("shared_uplinks needs node_of: the node of each rank (range(p) for one NIC per rank)")
+    if shared_uplinks and placement is None:
+        raise ValueError("shared_uplinks needs placement: the node of each rank (range(p) for one NIC per rank)")
     chunk = nbytes / schedule.num_chunks
     total = 0.0
     for step in schedule.steps:
@@ -77,16 +78,16 @@ def simulate(
         entering: dict[int, float] = defaultdict(float)
         if shared_uplinks:
             for (src, dst), (moved, _) in links.items():
-                if node_of[src] != node_of[dst]:
-                    leaving[node_of[src]] += moved
-                    entering[node_of[dst]] += moved
+                if placement[src] != placement[dst]:
+                    leaving[placement[src]] += moved
+                    entering[placement[dst]] += moved
         slowest = 0.0
         for (src, dst), (moved, reduced) in links.items():
-            local = node_of is not None and node_of[src] == node_of[dst]
+            local = placement is not None and placement[src] == placement[dst]
             a = local_alpha if local and local_alpha is not None else alpha
             b = local_beta if local and local_beta is not None else beta
             if shared_uplinks and not local:
-                moved = max(leaving[node_of[src]], entering[node_of[dst]])
+                moved = max(leaving[placement[src]], entering[placement[dst]])
             slowest = max(slowest, a + moved * b + reduced * gamma)
         total += slowest
     return total

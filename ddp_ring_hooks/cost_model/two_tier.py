@@ -66,43 +66,43 @@ class RingCrossings:
     busiest: int
 
 
-def uplink_traffic(schedule: Schedule, nbytes: float, node_of: Sequence[int]) -> UplinkTraffic:
+def uplink_traffic(schedule: Schedule, nbytes: float, placement: Sequence[int]) -> UplinkTraffic:
     """The bytes each node's uplink carries out and in while ``schedule`` all-reduces ``nbytes``."""
-    _check_nodes(schedule, node_of)
+    _check_nodes(schedule, placement)
     chunk = nbytes / schedule.num_chunks
-    sent: dict[int, float] = {node: 0.0 for node in node_of}
+    sent: dict[int, float] = {node: 0.0 for node in placement}
     received: dict[int, float] = dict(sent)
     for step in schedule.steps:
         for t in step.transfers:
-            if node_of[t.src] != node_of[t.dst]:
-                sent[node_of[t.src]] += chunk
-                received[node_of[t.dst]] += chunk
+            if placement[t.src] != placement[t.dst]:
+                sent[placement[t.src]] += chunk
+                received[placement[t.dst]] += chunk
     return UplinkTraffic(sent, received)
 
 
-def ring_crossings(order: Sequence[int], node_of: Sequence[int]) -> RingCrossings:
+def ring_crossings(order: Sequence[int], placement: Sequence[int]) -> RingCrossings:
     """How often the ring ``order[0] -> order[1] -> ... -> order[0]`` crosses a node boundary.
 
-        >>> ring_crossings((0, 1, 2, 3), node_of=(0, 1, 0, 1))
+        >>> ring_crossings((0, 1, 2, 3), placement=(0, 1, 0, 1))
         RingCrossings(total=4, busiest=2)
-        >>> ring_crossings((0, 2, 1, 3), node_of=(0, 1, 0, 1))
+        >>> ring_crossings((0, 2, 1, 3), placement=(0, 1, 0, 1))
         RingCrossings(total=2, busiest=1)
     """
-    if sorted(order) != list(range(len(node_of))):
-        raise ValueError(f"order {tuple(order)} is not an order of the {len(node_of)} ranks node_of describes")
+    if sorted(order) != list(range(len(placement))):
+        raise ValueError(f"order {tuple(order)} is not an order of the {len(placement)} ranks placement describes")
     leaving: dict[int, int] = defaultdict(int)
     for place, rank in enumerate(order):
         after = order[(place + 1) % len(order)]
-        if node_of[rank] != node_of[after]:
-            leaving[node_of[rank]] += 1
+        if placement[rank] != placement[after]:
+            leaving[placement[rank]] += 1
     return RingCrossings(total=sum(leaving.values()), busiest=max(leaving.values(), default=0))
 
 
-def uplink_terms(schedule: Schedule, node_of: Sequence[int]) -> CostTerms:
+def uplink_terms(schedule: Schedule, placement: Sequence[int]) -> CostTerms:
     """The schedule's cost terms on two tiers, step by step (see the module docstring): per byte
     of the buffer, the bytes through the busiest uplink direction of each step that crosses
     nodes, and through the busiest link of each step that does not."""
-    _check_nodes(schedule, node_of)
+    _check_nodes(schedule, placement)
     chunk = 1.0 / schedule.num_chunks
     messages = moved = reduced = local_messages = local_moved = 0.0
     for step in schedule.steps:
@@ -113,9 +113,9 @@ def uplink_terms(schedule: Schedule, node_of: Sequence[int]) -> CostTerms:
             links[(t.src, t.dst)] += chunk
             if t.op is Op.REDUCE:
                 added[(t.src, t.dst)] += chunk
-            if node_of[t.src] != node_of[t.dst]:
-                uplinks[("out", node_of[t.src])] += chunk
-                uplinks[("in", node_of[t.dst])] += chunk
+            if placement[t.src] != placement[t.dst]:
+                uplinks[("out", placement[t.src])] += chunk
+                uplinks[("in", placement[t.dst])] += chunk
         if not links:
             continue
         reduced += max(added.values(), default=0.0)
@@ -138,10 +138,10 @@ def ring_uplink_cost(world_size: int, *, crossings: RingCrossings) -> CostTerms:
     return CostTerms(messages=steps, bytes=2 * share * crossings.busiest, reduced=share)
 
 
-def hierarchical_uplink_cost(world_size: int, *, local_size: int) -> CostTerms:
+def hierarchical_uplink_cost(world_size: int, *, ranks_per_node: int) -> CostTerms:
     """The hierarchical's closed form when each node's ``G`` ranks share its uplink: rings inside
     the nodes, then ``G`` rings across them whose shards all go through the same uplink."""
-    p, g = world_size, local_size
+    p, g = world_size, ranks_per_node
     nodes = p // g
     return CostTerms(
         messages=2 * (nodes - 1), bytes=2 * (nodes - 1) / nodes, reduced=(p - 1) / p,
@@ -149,9 +149,9 @@ def hierarchical_uplink_cost(world_size: int, *, local_size: int) -> CostTerms:
     )
 
 
-def _check_nodes(schedule: Schedule, node_of: Sequence[int]) -> None:
-    if len(node_of) != schedule.world_size:
+def _check_nodes(schedule: Schedule, placement: Sequence[int]) -> None:
+    if len(placement) != schedule.world_size:
         raise ValueError(
-            f"node_of names the nodes of {len(node_of)} ranks but the {schedule.algorithm} schedule has "
+            f"placement names the nodes of {len(placement)} ranks but the {schedule.algorithm} schedule has "
             f"{schedule.world_size}: give one node per rank"
         )

@@ -19,6 +19,14 @@ def advise_state(state, **options) -> dict:
     return advise(state.timeline.records(), **options)
 
 
+def advice_text(state) -> str:
+    """The advisor's table for a hook state, or why there is none (too few steps)."""
+    try:
+        return "communication advice (ddp_ring_hooks advisor):\n" + format_advice(state.advise())
+    except ValueError as error:
+        return f"communication advice: none ({error})"
+
+
 def close_timeline(state) -> None:
     """Close the state's timeline; on the group's rank 0 with a ``log_dir``, write the advice panel first."""
     timeline = state.timeline

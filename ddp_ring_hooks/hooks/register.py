@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .ring_hook import ring_hook
 from .state import HookState
-from .validation import validate_algorithm, validate_registration
+from .unwrap import find_ddp
+from .validation import validate_algorithm, validate_reducer, validate_registration
 
 
 def register(
-    ddp_model: DistributedDataParallel,
+    ddp_model: DistributedDataParallel | nn.Module,
     *,
     algorithm: str = "ring",
     process_group: dist.ProcessGroup | None = None,
     **options,
 ) -> HookState:
     """Attach :func:`ring_hook` to ``ddp_model`` and return its :class:`HookState`.
+
+    ``ddp_model`` is the DDP model, or whatever wraps exactly one (``torch.compile``'s
+    ``OptimizedModule``, Fabric's module, what ``accelerator.prepare`` returns): the hook goes
+    on the ``DistributedDataParallel`` inside (see :mod:`~ddp_ring_hooks.hooks.unwrap`).
 
     ``process_group`` defaults to the model's own group. ``options`` go to :class:`HookState`:
     the algorithm's own options (e.g. ``local_size=`` for hierarchical), ``check_layout_steps``,
@@ -43,12 +49,10 @@ def register(
         >>> state = ddp_ring_hooks.register(model, log_dir="runs/ring", log_every=10)
         >>> # DDP's own all-reduce (NCCL/gloo), bit-identical to no hook, timed per bucket:
         >>> state = ddp_ring_hooks.register(model, algorithm="native", log_dir="runs/native")
+        >>> state = ddp_ring_hooks.register(accelerator.prepare(net))  # the DDP inside, compiled or not
     """
-    if not isinstance(ddp_model, DistributedDataParallel):
-        raise TypeError(
-            f"register needs a DistributedDataParallel model, got {type(ddp_model).__name__}; "
-            "wrap it first: DistributedDataParallel(model)"
-        )
+    ddp_model = find_ddp(ddp_model)
+    validate_reducer(ddp_model)
     attached = reported_comm_hook(ddp_model)
     if attached:
         raise RuntimeError(

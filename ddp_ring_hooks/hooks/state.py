@@ -29,7 +29,6 @@ reducer does, so it matches DDP without a hook bit for bit.
 from __future__ import annotations
 
 import difflib
-import inspect
 from collections.abc import Mapping
 
 import torch
@@ -41,10 +40,11 @@ from ..runtime.collectives import check_device_backend
 from ..runtime.errors import CommunicationError
 from ..runtime.names import NATIVE, check_algorithm_name, has_schedule
 from ..runtime.native import run_native
-from ..runtime.selection import AUTO, AutoSelector
+from ..runtime.selection import AUTO, AutoSelector, auto_option_names
 from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options
 from ..telemetry import TELEMETRY_OPTIONS, Sink, Telemetry
 from ..telemetry.timeline import Timeline
+from . import checkpoint
 from .advice import advise_state, close_timeline
 from .arrivals import ArrivalGather
 from .errors import HookFailedError
@@ -358,6 +358,18 @@ class HookState:
         run's timeline; see :func:`ddp_ring_hooks.advisor.advise` (``network=`` costs another cluster)."""
         return advise_state(self, **options)
 
+    # -- checkpoints --------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of this state, as plain values (``accelerator.register_for_checkpointing(state)``
+        works with it); what is saved and what deliberately not: :mod:`~ddp_ring_hooks.hooks.checkpoint`."""
+        return checkpoint.state_dict_of(self)
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        """Continue from a :meth:`state_dict`: the step counter, and ``auto``'s calibration where
+        it applies; the algorithm and telemetry stay as registered (see :mod:`~ddp_ring_hooks.hooks.checkpoint`)."""
+        checkpoint.load_state_dict_into(self, state_dict)
+
     # -- pickling ------------------------------------------------------------------------
 
     def __getstate__(self) -> dict:
@@ -406,10 +418,7 @@ def _resolved(algorithm: str, options: dict[str, object]) -> dict[str, object]:
 
 
 def _auto_options(options: dict[str, object]) -> dict[str, object]:
-    accepted = tuple(
-        name for name, p in inspect.signature(AutoSelector.probed).parameters.items()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "device"  # a HookState option
-    )
+    accepted = auto_option_names()
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise TypeError(_unknown_option_message(unknown, AUTO, accepted))

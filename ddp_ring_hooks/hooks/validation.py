@@ -9,7 +9,9 @@ on one rank (the option names themselves are checked when ``HookState`` is built
   can do point-to-point ``batch_isend_irecv`` (gloo on CPU, NCCL on CUDA);
 - the algorithm and its options: the schedule is built for the group's size and proven an
   all-reduce (e.g. ``hierarchical`` needs a ``local_size`` that divides the world size);
-- the gradients: no module makes sparse gradients (DDP hands those over as sparse buckets).
+- the gradients: no module makes sparse gradients (DDP hands those over as sparse buckets);
+- the reducer: DDP's C++ reducer, the one that hands buckets to hooks (not the Python reducer
+  of ``torch._dynamo.config.optimize_ddp="python_reducer"``, nor compiled autograd).
 
 :func:`validate_bucket` is the cheap per-bucket part (dtype and layout of the buffer) for
 hooks that were attached without :func:`~ddp_ring_hooks.register`. What one rank cannot know
@@ -34,6 +36,40 @@ def validate_registration(module: nn.Module, group: dist.ProcessGroup | None) ->
     """Before the state is built: the group can carry the hook, ``module`` makes dense gradients."""
     validate_group(group)
     validate_gradients(module)
+
+
+def validate_reducer(ddp_model: nn.Module) -> None:
+    """Refuse the DDP modes that never hand a gradient bucket to a hook.
+
+    With ``torch._dynamo.config.optimize_ddp = "python_reducer"`` (set before the DDP model is
+    built; what compiled autograd needs), DDP replaces its C++ reducer by per-parameter hooks
+    that call every communication hook once per parameter with a ``(grad, param)`` tuple and
+    ignore what it returns, so a bucket hook would fail or reduce nothing. Compiled autograd
+    with the C++ reducer is refused by PyTorch itself at the first backward (it would skip the
+    collectives); here it is refused at registration, with the fix that keeps the hook. The
+    default ``optimize_ddp="ddp_optimizer"`` keeps the C++ reducer under ``torch.compile``.
+    """
+    from torch._dynamo import compiled_autograd
+    from torch._dynamo import config as dynamo_config
+
+    default_mode = (
+        'torch._dynamo.config.optimize_ddp = "ddp_optimizer" (the default, under which torch.compile '
+        "works with the hook)"
+    )
+    if getattr(ddp_model, "_use_python_reducer", False):
+        raise RuntimeError(
+            'this DDP model was built with torch._dynamo.config.optimize_ddp = "python_reducer" (the mode '
+            "compiled autograd needs): its Python reducer calls communication hooks once per parameter with "
+            "a (grad, param) tuple and ignores what they return, so ring_hook, which reduces DDP's gradient "
+            f"buckets, cannot run there. Set {default_mode} before building the DDP model, and keep "
+            "compiled autograd off"
+        )
+    if getattr(dynamo_config, "compiled_autograd", False) or compiled_autograd.compiled_autograd_enabled:
+        raise RuntimeError(
+            "compiled autograd is on: it cannot run DDP's C++ reducer, the only one that hands gradient buckets "
+            "to a hook, and with the python_reducer it needs, DDP calls hooks per parameter instead. To use "
+            f"ring_hook, turn it off (torch._dynamo.config.compiled_autograd = False) and keep {default_mode}"
+        )
 
 
 def validate_group(group: dist.ProcessGroup | None) -> None:

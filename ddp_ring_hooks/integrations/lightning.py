@@ -53,9 +53,8 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
-from ..advisor import format_advice
 from ..hooks import HookState, register, ring_hook
-from ..hooks.advice import ADVICE_TAG, advice_panel
+from ..hooks.advice import ADVICE_TAG, advice_panel, advice_text
 from ..hooks.register import reported_comm_hook
 from ..runtime.names import check_algorithm_name, has_schedule
 from ..schedules import resolve_options
@@ -246,14 +245,6 @@ class CommTimingLogger(pl.Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.print_advice and self._advice is not None:
             print(self._advice)
-
-
-def advice_text(state: HookState) -> str:
-    """The advisor's table for a hook state, or why there is none (too few steps)."""
-    try:
-        return "communication advice (ddp_ring_hooks advisor):\n" + format_advice(state.advise())
-    except ValueError as error:
-        return f"communication advice: none ({error})"
 
 
 @dataclass(frozen=True)

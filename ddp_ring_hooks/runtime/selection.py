@@ -25,6 +25,12 @@ time grows with ``n``) and lets the measurement set the constants.
 inside): its registry record prices it with the ring's shape (``priced_as="ring"``; both
 libraries run rings for the bandwidth-bound sizes) and its own fitted α, β, which carry the difference.
 
+Options: ``auto``'s own (:data:`AUTO_OPTIONS`, records like an algorithm's) and every option of
+a registered algorithm, which goes to the candidates that declare it; names, defaults and
+checks all come from the registry. Before the probe the ranks all-gather a checksum of every
+algorithm's resolved options, and one they resolve differently (``LOCAL_WORLD_SIZE`` differing
+between nodes) is left out of the default candidates, on every rank alike.
+
 Small buckets go to the latency-lean algorithms, large ones to the bandwidth-optimal ones.
 Each distinct bucket size is decided once, cached, and logged on the ``ddp_ring_hooks.auto``
 logger with the winner's margin over the runner-up. Ties go to the candidate listed first
@@ -33,25 +39,33 @@ logger with the winner's margin over the runner-up. Ties go to the candidate lis
 
 from __future__ import annotations
 
+import copy
+import difflib
 import logging
 import statistics
 import threading
 import weakref
+import zlib
 from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
 
 from ..cost_model import Calibration, fit
-from ..schedules import checked_schedule, formula_for, get_algorithm, resolve_options
-from ..schedules.hierarchical import resolve_local_size
+from ..schedules import (
+    Option, check_given_options, checked_schedule, formula_for, get_algorithm, options_by_name, options_for,
+    resolve_options,
+)
 from .collectives import all_gather_ints, device_of, time_calls
 from .compat import broadcast_from_first
 from .executor import run_schedule
 from .names import AUTO, NATIVE, has_schedule, runnable_algorithms
 from .native import run_native
 
-__all__ = ["AUTO", "NATIVE", "AutoSelector", "agreed_local_size", "calibrate", "default_candidates", "selector_for"]
+__all__ = [
+    "AUTO", "AUTO_OPTIONS", "NATIVE", "AutoSelector", "agreed_option_sets", "auto_option_names", "calibrate",
+    "candidate_option_sets", "default_candidates", "selector_for",
+]
 
 
 #: Bytes per rank of the probe's all-reduces: latency-bound, middle, bandwidth-bound.
@@ -115,6 +129,38 @@ def _time_all_reduce(algorithm: str, options: Mapping, nbytes: int, group, devic
     return statistics.median(blocks)
 
 
+def _calibration_check(value: object) -> str | None:
+    if value is None or isinstance(value, Calibration):
+        return None
+    if isinstance(value, Mapping) and all(isinstance(c, Calibration) for c in value.values()):
+        return None
+    return "must be a Calibration, or a mapping from algorithm name to Calibration"
+
+
+def _candidates_check(value: object) -> str | None:
+    known = runnable_algorithms()
+    if value is None or (isinstance(value, (tuple, list)) and value and all(a in known for a in value)):
+        return None
+    return f"must be some of {', '.join(known)}"
+
+
+#: ``auto``'s own options, declared as an algorithm declares its (see the registry's ``Option``).
+#: Every option of a registered algorithm is ``auto``'s too: it goes to the candidates that
+#: declare it (``segments=4``: the tree candidate pipelines in 4 segments).
+AUTO_OPTIONS: tuple[Option, ...] = (
+    Option("calibration", None, "α, β to predict with, one Calibration for every candidate or one per "
+           "candidate (default: probe the group)", check=_calibration_check),
+    Option("candidates", None, "the algorithms to choose from (default: every one that applies, native included)",
+           check=_candidates_check),
+)
+
+
+def auto_option_names() -> tuple[str, ...]:
+    """Every option ``algorithm="auto"`` takes: its own (:data:`AUTO_OPTIONS`), then every
+    registered algorithm's, for the candidates."""
+    return (*(option.name for option in AUTO_OPTIONS), *options_by_name())
+
+
 class AutoSelector:
     """Chooses, per bucket size, the algorithm with the least predicted time.
 
@@ -123,11 +169,11 @@ class AutoSelector:
             algorithms or one per algorithm (as :func:`calibrate` returns); the same on
             every rank.
         world_size: ranks in the group.
-        local_size: ranks per node for ``hierarchical`` (default ``LOCAL_WORLD_SIZE``); without
-            one that makes more than one node of more than one rank, hierarchical is not a
-            candidate.
-        segments: the tree's pipeline depth.
         candidates: the algorithms to choose from (default: all that apply, ``native`` included).
+        **candidate_options: options of the candidates, each passed to the candidates that
+            declare it (``local_size=`` for ``hierarchical``, default ``LOCAL_WORLD_SIZE``;
+            ``segments=`` for ``tree``). A default candidate must resolve its options and
+            apply to them (hierarchical: more than one node of more than one rank).
 
     Example::
 
@@ -141,13 +187,16 @@ class AutoSelector:
         calibration: Calibration | Mapping[str, Calibration],
         world_size: int,
         *,
-        local_size: int | None = None,
-        segments: int = 1,
         candidates: tuple[str, ...] | None = None,
+        **candidate_options,
     ) -> None:
+        _check_auto_options(calibration=calibration, candidates=candidates, **candidate_options)
         self.world_size = world_size
-        self.candidates = tuple(candidates) if candidates is not None else default_candidates(world_size, local_size)
-        self.options = schedule_options(world_size, self.candidates, local_size=local_size, segments=segments)
+        if candidates is None:
+            candidates = default_candidates(world_size, **candidate_options)
+            candidate_options = _taken_by(candidates, candidate_options)
+        self.candidates = tuple(candidates)
+        self.options = _options_of(self.candidates, candidate_options)
         if isinstance(calibration, Calibration):
             calibration = {a: calibration for a in self.candidates}
         missing = [a for a in self.candidates if a not in calibration]
@@ -162,31 +211,37 @@ class AutoSelector:
         group: dist.ProcessGroup | None = None,
         *,
         calibration: Calibration | Mapping[str, Calibration] | None = None,
-        local_size: int | None = None,
-        segments: int = 1,
         candidates: tuple[str, ...] | None = None,
         device: torch.device | str | None = None,
+        **candidate_options,
     ) -> AutoSelector:
         """Calibrate every candidate on ``group`` (collective) unless ``calibration`` is given.
         ``device``: the model's device, where the probe runs (default: see
         :func:`~.collectives.device_of`)."""
+        _check_auto_options(calibration=calibration, candidates=candidates, **candidate_options)
         world_size = dist.get_world_size(group)
         if calibration is None:
             # The probe runs every candidate on every rank: the ranks must agree on them first.
-            local_size = agreed_local_size(group, local_size, device=device)
+            agreed = agreed_option_sets(group, candidate_options, device=device)
             if candidates is None:
-                candidates = _candidates_for(world_size, local_size)
-            elif "hierarchical" in candidates and local_size is None:
-                raise ValueError(
-                    "auto: hierarchical is a candidate but the ranks do not agree on the number of "
-                    "ranks per node (LOCAL_WORLD_SIZE differs between nodes or is missing); pass "
-                    "local_size=G, the same on every rank, or leave hierarchical out of candidates"
-                )
-            options = schedule_options(world_size, candidates, local_size=local_size, segments=segments)
+                candidates = _applying(world_size, agreed)
+                candidate_options = _taken_by(candidates, candidate_options)
+            options = _options_of(candidates, candidate_options)  # this rank's; each refusal is the same on every rank
+            disagreeing = [a for a in candidates if agreed[a] is None]
+            if disagreeing:
+                raise ValueError(_disagreement(disagreeing[0]))
             calibration = calibrate(group, candidates=candidates, options=options, device=device)
             for algorithm, fitted in calibration.items():
                 logger.info("auto: %s calibrated to alpha=%.1f us, beta=%.3f ns/B", algorithm, fitted.alpha * 1e6, fitted.beta * 1e9)
-        return cls(calibration, world_size, local_size=local_size, segments=segments, candidates=candidates)
+        return cls(calibration, world_size, candidates=candidates, **candidate_options)
+
+    def recalibrated(self, calibration: Mapping[str, Calibration]) -> AutoSelector:
+        """This selector with another calibration (one per candidate), e.g. one restored from a
+        checkpoint: the same candidates and options, choices made afresh."""
+        selector = copy.copy(self)
+        selector.calibration = {a: calibration[a] for a in self.candidates}
+        selector._choices = {}
+        return selector
 
     def predictions(self, nbytes: int) -> dict[str, float]:
         """Predicted seconds of every candidate for a bucket of ``nbytes``."""
@@ -222,59 +277,111 @@ def _margin(chosen: str, predicted: Mapping[str, float]) -> str:
     return f"; {chosen} wins by {ratio:.2f}x over {runner}"
 
 
-def default_candidates(world_size: int, local_size: int | None = None) -> tuple[str, ...]:
-    """Every algorithm, ``native`` last; hierarchical only when ``local_size`` (or
-    ``LOCAL_WORLD_SIZE``) makes more than one node of more than one rank (otherwise it is
-    just a slower ring)."""
-    return _candidates_for(world_size, _resolved_or_none(world_size, local_size))
+def default_candidates(world_size: int, **candidate_options) -> tuple[str, ...]:
+    """Every algorithm whose options resolve here (given, from the environment, or defaults) and
+    that applies to them, ``native`` last: hierarchical only when ``local_size`` (or
+    ``LOCAL_WORLD_SIZE``) makes more than one node of more than one rank (otherwise it is just a
+    slower ring)."""
+    return _applying(world_size, candidate_option_sets(world_size, candidate_options))
 
 
-def _candidates_for(world_size: int, ranks_per_node: int | None) -> tuple[str, ...]:
-    return tuple(a for a in runnable_algorithms() if get_algorithm(a).applies(world_size, ranks_per_node))
+def candidate_option_sets(world_size: int, candidate_options: Mapping[str, object]) -> dict[str, dict | None]:
+    """Every runnable algorithm's resolved options on this rank, from ``candidate_options``, the
+    environment and the defaults; ``None`` where they do not resolve (a node size neither given
+    nor in ``LOCAL_WORLD_SIZE``). Not collective: see :func:`agreed_option_sets`."""
+    check_given_options(candidate_options)
+    found: dict[str, dict | None] = {}
+    for algorithm in runnable_algorithms():
+        try:
+            found[algorithm] = resolve_options(algorithm, options_for(algorithm, candidate_options))
+        except ValueError:
+            found[algorithm] = None
+    return found
 
 
-def _resolved_or_none(world_size: int, local_size: int | None) -> int | None:
-    try:
-        return resolve_local_size(world_size, local_size)
-    except ValueError:
-        return None
-
-
-def agreed_local_size(
-    group: dist.ProcessGroup | None, local_size: int | None, *, device: torch.device | str | None = None
-) -> int | None:
-    """The ranks per node (``local_size``, else ``LOCAL_WORLD_SIZE``) if every rank of ``group``
-    resolves the same valid number, else ``None``. Collective: one small all-gather.
+def agreed_option_sets(
+    group: dist.ProcessGroup | None, candidate_options: Mapping[str, object], *, device: torch.device | str | None = None
+) -> dict[str, dict | None]:
+    """:func:`candidate_option_sets`, with ``None`` also where the ranks of ``group`` do not all
+    resolve the same options. Collective: one small all-gather (a checksum per algorithm).
 
     Nodes that run different numbers of ranks (torchrun sets ``LOCAL_WORLD_SIZE`` per node) would
     otherwise give ranks different candidate lists, and a probe in which ranks run different
     schedules deadlocks.
     """
-    world_size = dist.get_world_size(group)
-    mine = _resolved_or_none(world_size, local_size)
-    sizes = {size for (size,) in all_gather_ints([mine or 0], group, device=device)}
-    if len(sizes) > 1:
-        logger.warning(
-            "auto: the ranks disagree on the number of ranks per node (%s; 0: none or invalid), "
-            "so hierarchical is not a candidate", ", ".join(str(size) for size in sorted(sizes)),
+    mine = candidate_option_sets(dist.get_world_size(group), candidate_options)
+    checksums = [_checksum(options) for options in mine.values()]
+    table = all_gather_ints(checksums, group, device=device)
+    agreed = {}
+    for column, (algorithm, options) in enumerate(mine.items()):
+        if len({row[column] for row in table}) > 1:
+            logger.warning(
+                "auto: the ranks do not agree on the options of %s (here: %s), so it is not a candidate",
+                algorithm, "none resolve" if options is None else ", ".join(f"{k}={v!r}" for k, v in options.items()),
+            )
+            options = None
+        agreed[algorithm] = options
+    return agreed
+
+
+def _checksum(options: dict | None) -> int:
+    """The same number on every rank that resolved the same options (``-1``: none resolved)."""
+    return -1 if options is None else zlib.crc32(repr(sorted(options.items())).encode())
+
+
+def _applying(world_size: int, option_sets: Mapping[str, dict | None]) -> tuple[str, ...]:
+    return tuple(
+        a for a, options in option_sets.items() if options is not None and get_algorithm(a).applies(world_size, options)
+    )
+
+
+def _taken_by(candidates: tuple[str, ...], candidate_options: Mapping[str, object]) -> dict[str, object]:
+    """The options some candidate takes. For default candidates the rest were weighed and not
+    needed (``local_size`` on one node: hierarchical does not apply); they are not an error."""
+    return {name: value for name, value in candidate_options.items() if any(name in get_algorithm(a).option_names for a in candidates)}
+
+
+def _options_of(candidates: tuple[str, ...], candidate_options: Mapping[str, object]) -> dict[str, dict]:
+    """The options each candidate runs with; an option that none of them takes is refused (with
+    candidates given by the caller, it would be silently dropped)."""
+    unused = sorted(set(candidate_options) - set(_taken_by(candidates, candidate_options)))
+    if unused:
+        raise TypeError(
+            f"auto: {', '.join(unused)} {'is an option' if len(unused) == 1 else 'are options'} of none of the "
+            f"candidates {', '.join(candidates)}; drop {'it' if len(unused) == 1 else 'them'} or add a candidate that takes "
+            f"{'it' if len(unused) == 1 else 'them'}"
         )
-        return None
-    return mine
+    return {a: resolve_options(a, options_for(a, candidate_options)) for a in candidates}
 
 
-def schedule_options(
-    world_size: int, candidates: tuple[str, ...], *, local_size: int | None, segments: int
-) -> dict[str, dict[str, int]]:
-    """The schedule options each candidate runs with; checks the candidates' names."""
-    known = runnable_algorithms()
-    unknown = [a for a in candidates if a not in known]
-    if unknown or not candidates:
-        raise ValueError(f"auto candidates must be some of {', '.join(known)}; got {candidates}")
-    given = {"segments": segments, "local_size": local_size}
-    return {
-        a: resolve_options(a, {name: given[name] for name in get_algorithm(a).option_names if given.get(name) is not None})
-        for a in candidates
-    }
+def _check_auto_options(**options) -> None:
+    """``auto``'s options: an unknown name is a ``TypeError`` naming them all, a bad value of its
+    own a ``ValueError`` with the option's message; the candidates' options are the registry's."""
+    unknown = sorted(set(options) - set(auto_option_names()))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], auto_option_names(), n=1)
+        raise TypeError(
+            f"auto got unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
+            + (f" (did you mean {close[0]!r}?)" if close else "") + f"; it takes {', '.join(auto_option_names())}"
+        )
+    for option in AUTO_OPTIONS:
+        problem = option.check(options.get(option.name))
+        if problem:
+            raise ValueError(f"auto: {option.name}={options[option.name]!r} {problem}")
+
+
+def _disagreement(algorithm: str) -> str:
+    """Why a requested candidate cannot be probed: the ranks resolve its options differently."""
+    record = get_algorithm(algorithm)
+    sources = [f"{o.name} from {o.environment}, which differs between nodes" for o in record.options if o.environment]
+    # The options read from the environment are the ones that can differ; name those to pass.
+    to_pass = [o for o in record.options if o.environment] or list(record.options)
+    return (
+        f"auto: {algorithm} is a candidate but the ranks do not agree on its options"
+        + (f" ({'; '.join(sources)})" if sources else "")
+        + f"; pass {', '.join(f'{o.name}={o.metavar}' for o in to_pass)}, the same on every rank, "
+        f"or leave {algorithm} out of candidates"
+    )
 
 
 _SELECTORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -16,10 +16,10 @@ from .halving_doubling import build_halving_doubling_schedule, halving_doubling_
 from .hierarchical import build_hierarchical_schedule, hierarchical_cost
 from .ir import Op, RankStep, Receive, Schedule, Send, Step, Transfer
 from .naive import build_naive_schedule, naive_cost
-from .ordering import check_node_of, check_ring_order, schedule_nodes, schedule_order
+from .ordering import RANK, check_node_of, check_ring_order, parse_numbers, schedule_nodes, schedule_order
 from .registry import (
-    Algorithm, CostTerms, Option, algorithm_examples, algorithm_names, formula_for, get_algorithm,
-    register_algorithm, resolve_options,
+    Algorithm, CostTerms, Option, algorithm_examples, algorithm_names, check_given_options, formula_for, get_algorithm,
+    options_by_name, options_for, register_algorithm, resolve_options,
 )
 from .replay import final_state, replay
 from .ring import build_ring_schedule, ring_cost
@@ -42,10 +42,12 @@ def _proper_divisors(world_size: int) -> tuple[int, ...]:
 
 #: The ring's order (see ``schedules/ordering.py``): shared by the ring and the rings inside hierarchical.
 RING_ORDER = (
-    Option("ring_order", "rank", "the order the ring visits the ranks: 'rank', 'hosts' (grouped by node), or a "
-           "permutation of the group's ranks", check=check_ring_order, label="ring order {}"),
-    Option("node_of", None, "for ring_order='hosts': the node of each rank, e.g. (0, 0, 1, 1); default: torchrun's "
-           "numbering", check=check_node_of, label="node_of {}"),
+    Option("ring_order", RANK, "the order the ring visits the ranks: rank (0, 1, ..., p-1), hosts (grouped by "
+           "node), or the ranks in ring order, e.g. 0,2,1,3", check=check_ring_order, label="ring order {}",
+           metavar="rank|hosts|R0,R1,...", parse=parse_numbers),
+    Option("node_of", None, "for ring order hosts: the node of each rank, e.g. 0,0,1,1 (default: the nodes as "
+           "torchrun numbers the ranks, node by node)", check=check_node_of, label="node_of {}",
+           metavar="N0,N1,...", parse=parse_numbers),
 )
 
 
@@ -62,13 +64,15 @@ register_algorithm(Algorithm(
 register_algorithm(Algorithm(
     "tree", "binomial-tree reduce to rank 0, then broadcast, pipelined in segments",
     build=build_tree_schedule, cost=tree_cost, layout="tree",
-    options=(Option("segments", 1, "pipelined pieces of the buffer", check=_positive_int, label="{} segments"),),
+    options=(Option("segments", 1, "pipeline the buffer in K segments", check=_positive_int, label="{} segments",
+                    metavar="K"),),
     examples=lambda p: ({"segments": 1}, {"segments": 3}),
 ))
 register_algorithm(Algorithm(
     "double_binary_tree", "NCCL's two binary trees, each reducing and broadcasting half the buffer, pipelined",
     build=build_double_binary_tree_schedule, cost=double_binary_tree_cost, layout="trees",
-    options=(Option("segments", 1, "pipelined pieces of each tree's half", check=_positive_int, label="{} segments"),),
+    options=(Option("segments", 1, "pipeline each tree's half in K segments", check=_positive_int, label="{} segments",
+                    metavar="K"),),
     examples=lambda p: ({"segments": 1}, {"segments": 3}),
 ))
 register_algorithm(Algorithm(
@@ -78,10 +82,10 @@ register_algorithm(Algorithm(
 register_algorithm(Algorithm(
     "hierarchical", "rings inside each node, a ring across nodes on a 1/G shard",
     build=build_hierarchical_schedule, cost=hierarchical_cost, layout="nodes",
-    options=(Option("local_size", None, "ranks per node (G)", check=_ranks_per_node, environment="LOCAL_WORLD_SIZE",
-                   label="{}/node"), *RING_ORDER),
+    options=(Option("local_size", None, "ranks per node; must divide the world size", check=_ranks_per_node,
+                    environment="LOCAL_WORLD_SIZE", label="{}/node", metavar="G"), *RING_ORDER),
     # Only a true hierarchy (several nodes of several ranks) differs from a ring.
-    applies=lambda p, local_size: local_size is not None and local_size in _proper_divisors(p),
+    applies=lambda p, options: options["local_size"] in _proper_divisors(p),
     examples=lambda p: tuple({"local_size": g} for g in _proper_divisors(p)) + tuple(
         {"local_size": g, "ring_order": "hosts", "node_of": tuple(r % (p // g) for r in range(p))}
         for g in _proper_divisors(p)[:1]
@@ -96,7 +100,7 @@ register_algorithm(Algorithm(
 ))
 
 #: Names of the algorithms that run a schedule (what ``ddp_ring_hooks.ALGORITHMS`` lists).
-ALGORITHMS: tuple[str, ...] = tuple(name for name in algorithm_names() if get_algorithm(name).build is not None)
+ALGORITHMS: tuple[str, ...] = algorithm_names(scheduled_only=True)
 
 
 def build_schedule(algorithm: str, world_size: int, **options) -> Schedule:
@@ -130,10 +134,14 @@ def _checked_schedule(algorithm: str, world_size: int, **options) -> Schedule:
     return schedule
 
 
+checked_schedule.cache_clear = _checked_schedule.cache_clear  # as functools.lru_cache names it: forget them all
+
+
 __all__ = [
     "ALGORITHMS", "Algorithm", "CostTerms", "Option", "Op", "RankStep", "Receive", "Schedule", "ScheduleError", "Send",
     "Step", "Transfer", "build_double_binary_tree_schedule", "build_halving_doubling_schedule", "build_hierarchical_schedule",
     "build_naive_schedule", "build_ring_schedule", "build_tree_schedule", "build_schedule", "check_all_reduce",
-    "algorithm_examples", "algorithm_names", "checked_schedule", "final_state", "formula_for", "get_algorithm",
-    "register_algorithm", "replay", "resolve_options", "schedule_nodes", "schedule_order",
+    "algorithm_examples", "algorithm_names", "check_given_options", "checked_schedule", "final_state", "formula_for",
+    "get_algorithm", "options_by_name", "options_for", "register_algorithm", "replay", "resolve_options",
+    "schedule_nodes", "schedule_order",
 ]

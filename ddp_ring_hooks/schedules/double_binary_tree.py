@@ -50,15 +50,14 @@ one ``n/2k`` segment per link, so with ``L = ⌈lg p⌉``::
 
 Latency ``≈ 3 lg p`` steps (the ring pays ``2(p - 1)``, the binomial tree ``2⌈lg p⌉``). A rank
 uses up to four links at once, though, and a host with one NIC shares it among them. Counted
-per NIC (each rank's send and receive bandwidth shared by its links,
-:func:`~ddp_ring_hooks.cost_model.simulate_two_tier` with every rank its own node): an inner
-rank of one tree receives two halves and sends one in the reduce, the leaf of the other sends
-one, so each rank sends and receives at most ``n`` per phase, ``2n`` in all, and once ``k`` is
-large enough to fill the pipeline the time tends to ``2nβ``: ``p/(p-1)`` times the ring's
-``2(p-1)/p·nβ``, the lower bound. The binomial tree's root moves ``⌈lg p⌉·n`` each way instead.
-Per link the formula above drops to ``nβ`` for large ``k``: that is the model's independent
-links, not a real NIC; compare trees and rings with the per-NIC count, or measure
-(``ddp-ring-hooks bench``).
+per NIC (each rank's send and receive bandwidth shared by its links: ``cost_model.simulate``
+with ``shared_uplinks=True`` and every rank its own node): an inner rank of one tree receives
+two halves and sends one in the reduce, the leaf of the other sends one, so each rank sends and
+receives at most ``n`` per phase, ``2n`` in all, and once ``k`` is large enough to fill the
+pipeline the time tends to ``2nβ``: ``p/(p-1)`` times the ring's ``2(p-1)/p·nβ``, the lower bound.
+The binomial tree's root moves ``⌈lg p⌉·n`` each way instead. Per link the formula above drops
+to ``nβ`` for large ``k``: that is the model's independent links, not a real NIC; compare trees
+and rings with the per-NIC count, or measure (``ddp-ring-hooks bench``).
 """
 
 from __future__ import annotations

@@ -52,6 +52,15 @@ def check_ring_order(value: object) -> str | None:
     return None if min(value, default=0) >= 0 else "names a negative rank"
 
 
+def parse_numbers(text: str) -> object:
+    """A command-line value of ``ring_order`` or ``node_of``: ``"0,2,1,3"`` -> ``(0, 2, 1, 3)``;
+    anything else (``"hosts"``) is kept as the word it is, for the option's check to judge."""
+    try:
+        return tuple(int(word) for word in text.split(","))
+    except ValueError:
+        return text
+
+
 def check_node_of(value: object) -> str | None:
     """The registry's check of a ``node_of`` value: ``None`` or one node number per rank."""
     if value is None or (_is_int_sequence(value) and min(value, default=0) >= 0):

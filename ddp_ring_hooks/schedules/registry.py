@@ -10,15 +10,19 @@ consumer keeps a list of names or an ``if algorithm == ...`` chain of its own:
 ``cost``        its α-β-γ :class:`CostTerms` for ``p`` ranks (the cost model multiplies them out)
 ``priced_as``   without a ``cost`` of its own: the algorithm whose terms it is fitted with
 ``layout``      how to draw it: ``"ring"``, ``"tree"``, ``"trees"``, ``"star"`` or ``"nodes"``
-``applies``     whether it makes sense for ``world_size`` ranks in nodes of ``local_size``
+``applies``     whether it makes sense for ``world_size`` ranks with its resolved options
 ``examples``    valid option sets for ``p`` ranks (the test grids enumerate them)
 ==============  ===================================================================================
 
-Adding an algorithm is one schedule file and one :func:`register_algorithm` call (see
-``docs/architecture.md``). :func:`get_algorithm` is the one place that refuses an unknown
-name, and :func:`resolve_options` the one place that checks options and fills their defaults,
-reading the environment (``LOCAL_WORLD_SIZE``) there and nowhere else. The resolved options
-travel with the schedule (:attr:`Schedule.options`), so a consumer never re-derives them.
+Adding an algorithm is one schedule file and one :func:`register_algorithm` call, adding an
+option one :class:`Option` in its record (see ``docs/architecture.md``). :func:`get_algorithm`
+is the one place that refuses an unknown name, and :func:`resolve_options` the one place that
+checks options and fills their defaults, reading the environment (``LOCAL_WORLD_SIZE``) there
+and nowhere else. The resolved options travel with the schedule (:attr:`Schedule.options`), so
+a consumer never re-derives them. Consumers that take options for several algorithms at once
+(the command line's flags, ``auto``'s candidates, the advisor's what-ifs) enumerate them with
+:func:`options_by_name` and hand each algorithm its share with :func:`options_for`: no
+consumer spells an option's name.
 
 Nothing here imports torch.
 """
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .ir import Schedule
@@ -38,11 +42,14 @@ Check = Callable[[object], "str | None"]
 
 @dataclass(frozen=True, slots=True)
 class Option:
-    """One option of an algorithm.
+    """One option of an algorithm: everything the package shows and checks about it.
 
-    ``environment`` names a variable that supplies the value when the caller gives none
-    (``LOCAL_WORLD_SIZE`` for ``hierarchical``'s ``local_size``, as torchrun sets it);
-    ``label`` shows a value in tables and titles (``"{} segments"``).
+    ``doc`` is its help (the command line's ``--name`` flag shows it, after the algorithms that
+    take it); ``check`` returns what is wrong with a value, or ``None``; ``environment`` names a
+    variable that supplies the value when the caller gives none (``LOCAL_WORLD_SIZE`` for
+    ``hierarchical``'s ``local_size``, as torchrun sets it); ``label`` shows a value in tables
+    and titles (``"{} segments"``); ``metavar`` names the value in help and hints (``K``), and
+    ``parse`` reads it from a command-line word.
     """
 
     name: str
@@ -51,6 +58,8 @@ class Option:
     check: Check = lambda value: None
     environment: str | None = None
     label: str = ""
+    metavar: str = "VALUE"
+    parse: Callable[[str], object] = int
 
     @property
     def required(self) -> bool:
@@ -92,7 +101,7 @@ class Algorithm:
     priced_as: str | None = None
     layout: str = "ring"
     options: tuple[Option, ...] = ()
-    applies: Callable[[int, "int | None"], bool] = lambda world_size, local_size: True
+    applies: Callable[[int, dict], bool] = lambda world_size, options: True
     examples: Callable[[int], tuple[dict, ...]] = lambda world_size: ({},)
     _by_name: dict[str, Option] = field(default_factory=dict, init=False, compare=False, repr=False)
 
@@ -116,9 +125,9 @@ def register_algorithm(algorithm: Algorithm) -> Algorithm:
     return algorithm
 
 
-def algorithm_names() -> tuple[str, ...]:
-    """Every registered name, in registration order."""
-    return tuple(_REGISTRY)
+def algorithm_names(*, scheduled_only: bool = False) -> tuple[str, ...]:
+    """Every registered name, in registration order; ``scheduled_only``: those with a schedule."""
+    return tuple(name for name, algorithm in _REGISTRY.items() if not (scheduled_only and algorithm.build is None))
 
 
 def get_algorithm(name: str) -> Algorithm:
@@ -139,37 +148,62 @@ def formula_for(name: str) -> str:
     return name if algorithm.cost is not None else (algorithm.priced_as or name)
 
 
-def resolve_options(name: str, options: Mapping[str, object] | None = None, *, world_size: int | None = None) -> dict:
+def resolve_options(
+    name: str, options: Mapping[str, object] | None = None, *, environment: Mapping[str, str] | None = None
+) -> dict:
     """``options`` checked against ``name``'s declared options, with every default filled in.
 
-    A missing option takes its ``environment`` variable if one is set, else its default. With
-    ``world_size`` the options are also checked to fit that many ranks (by building nothing:
-    :func:`build_schedule` does that). Raises ``TypeError`` for an unknown option (naming the
-    valid ones) and ``ValueError`` for a bad value.
+    A missing option takes its ``environment`` variable if one is set, else its default;
+    ``environment`` is where those variables are read (default ``os.environ``; the advisor
+    passes the one its run recorded). Raises ``TypeError`` for an unknown option (naming the
+    valid ones) and ``ValueError`` for a bad value (with the option's own check message).
     """
     algorithm = get_algorithm(name)
     options = dict(options or {})
-    unknown = sorted(set(options) - set(algorithm.option_names))
-    if unknown:
-        valid = ", ".join(algorithm.option_names) or "none"
-        raise TypeError(
-            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} for the "
-            f"{name} algorithm{_did_you_mean(unknown[0], algorithm.option_names)}; its options: {valid}"
-        )
+    _refuse_unknown(algorithm, options)
+    environment = os.environ if environment is None else environment
     resolved = {}
     for option in algorithm.options:
         value = options.get(option.name, None)
-        if value is None and option.environment and option.environment in os.environ:
-            value = _from_environment(option)
+        if value is None and option.environment and option.environment in environment:
+            value = _from_environment(option, environment[option.environment])
         if value is None:
             value = option.default
         if isinstance(value, list):  # a ring order given as a list: kept as the tuple it equals
             value = tuple(value)
-        problem = option.check(value)
-        if problem:
-            raise ValueError(f"{name}: {option.name}={value!r} {problem}")
+        _check_value(algorithm, option, value)
         resolved[option.name] = value
     return resolved
+
+
+def options_by_name() -> dict[str, tuple[Option, tuple[str, ...]]]:
+    """Every option a registered algorithm declares, by name: its :class:`Option` (the first
+    algorithm's: an option several algorithms share is declared alike) and the algorithms that
+    take it, in registration order. What the command line, ``auto`` and the advisor enumerate."""
+    found: dict[str, tuple[Option, tuple[str, ...]]] = {}
+    for algorithm in _REGISTRY.values():
+        for option in algorithm.options:
+            first, owners = found.get(option.name, (option, ()))
+            found[option.name] = (first, (*owners, algorithm.name))
+    return found
+
+
+def options_for(name: str, given: Mapping[str, object]) -> dict:
+    """The entries of ``given`` (options given once for several algorithms, e.g. on the command
+    line) that ``name`` declares and that are set (not ``None``)."""
+    return {option: given[option] for option in get_algorithm(name).option_names if given.get(option) is not None}
+
+
+def check_given_options(given: Mapping[str, object], algorithms: Iterable[str] | None = None) -> None:
+    """Options given once for several ``algorithms`` (default: every registered one), each value
+    checked by every one of them that declares it, as :func:`resolve_options` checks it; for
+    options given before it is known which algorithm runs (``auto``'s, the command line's).
+    Names that none of them declares are left to the caller to refuse."""
+    for name in _REGISTRY if algorithms is None else algorithms:
+        algorithm = get_algorithm(name)
+        for option in algorithm.options:
+            if given.get(option.name) is not None:
+                _check_value(algorithm, option, given[option.name])
 
 
 def algorithm_examples(world_size: int, *, scheduled_only: bool = False) -> tuple[tuple[str, dict], ...]:
@@ -183,12 +217,27 @@ def algorithm_examples(world_size: int, *, scheduled_only: bool = False) -> tupl
     )
 
 
-def _from_environment(option: Option) -> object:
-    text = os.environ[option.environment]
+def _refuse_unknown(algorithm: Algorithm, options: Mapping[str, object]) -> None:
+    unknown = sorted(set(options) - set(algorithm.option_names))
+    if unknown:
+        valid = ", ".join(algorithm.option_names) or "none"
+        raise TypeError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} for the "
+            f"{algorithm.name} algorithm{_did_you_mean(unknown[0], algorithm.option_names)}; its options: {valid}"
+        )
+
+
+def _check_value(algorithm: Algorithm, option: Option, value: object) -> None:
+    problem = option.check(value)
+    if problem:
+        raise ValueError(f"{algorithm.name}: {option.name}={value!r} {problem}")
+
+
+def _from_environment(option: Option, text: str) -> object:
     try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{option.environment}={text!r} must be an integer (it supplies {option.name})") from None
+        return option.parse(text)
+    except ValueError as error:
+        raise ValueError(f"{option.environment}={text!r} cannot supply {option.name}: {error}") from None
 
 
 def _did_you_mean(word: str, choices) -> str:

@@ -125,6 +125,11 @@ class Telemetry:
     # -- configuration ---------------------------------------------------------------------
 
     @property
+    def options(self) -> TelemetryOptions:
+        """The checked options this telemetry was built with."""
+        return self._options
+
+    @property
     def enabled(self) -> bool:
         """Whether anything is observed at all (False for the null telemetry)."""
         options = self._options

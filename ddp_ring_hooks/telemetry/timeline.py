@@ -281,6 +281,7 @@ class Timeline:
     def close(self) -> None:
         """Stop recording and close the file (the in-memory steps stay). Safe to call twice."""
         self.closed = True
+        self._step = None  # a DDP model trained on after close hands no bucket to a stale step
         for handle in self._handles:
             handle.remove()
         self._handles = []

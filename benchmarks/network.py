@@ -1,0 +1,149 @@
+"""One all-reduce on a real (emulated) network, against the link limit, per algorithm and world size.
+
+For each world size ``p``, an emulated lab of ``p`` hosts (``ddp_ring_hooks.lab``, needs root):
+one network namespace per host, one link each, shaped to ``--link`` in both directions; gloo
+over TCP on those links. Every rank all-reduces the same buffer size with each algorithm:
+
+- ``gloo``: ``dist.all_reduce`` itself, gloo's own algorithm (the bar to meet);
+- ``native``: the project's ``native`` executor (the group's all-reduce, timed like the others);
+- ``ring``, ``halving_doubling``, ``tree``, ``naive``, ...: the project's schedules.
+
+The time of one call is the slowest rank's (after a barrier); every (size, algorithm) is timed
+``--rounds`` times, algorithms in alternating order (forward, then backward, ...) so drifting
+load hits them alike, after one untimed call each (connections, buffers). The table shows the
+median over rounds divided by the link limit ``2(p-1)/p · n / B``: the least every rank must
+send through its own link, so 1.00 is a full link::
+
+    python benchmarks/network.py                                # p = 2, 4; 16M; 400Mbit; 3 rounds
+    python benchmarks/network.py --world-sizes 2,4,8 --sizes 4M,16M --rounds 3 --json network.json
+    python benchmarks/network.py --algorithms gloo,ring --link 1Gbit
+
+Every rank checks its result against ``dist.all_reduce`` of the same input before timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import ddp_ring_hooks
+from ddp_ring_hooks.lab import EmulatedCluster, LabError, parse_rate
+from ddp_ring_hooks.launch import run_on_ranks
+from ddp_ring_hooks.runtime.collectives import time_calls
+from ddp_ring_hooks.runtime.names import accepted_algorithms
+from ddp_ring_hooks.telemetry import all_reduce_bus_factor
+from ddp_ring_hooks.units import format_size, parse_size
+
+GLOO = "gloo"  # dist.all_reduce itself
+DEFAULT_ALGORITHMS = (GLOO, "native", "ring", "halving_doubling", "tree", "naive")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world-sizes", default="2,4", metavar="P[,P...]", help="hosts per lab, in turn (default: 2,4)")
+    parser.add_argument("--sizes", default="16M", metavar="SIZE[,SIZE...]", help="buffer sizes in bytes (default: 16M)")
+    parser.add_argument("--link", default="400Mbit", metavar="RATE", help="every host's link (default: 400Mbit)")
+    parser.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS), metavar="A,B,...",
+                        help=f"'{GLOO}' (dist.all_reduce) and the project's algorithms (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, metavar="N", help="timed calls per (size, algorithm) (default: 3)")
+    parser.add_argument("--timeout", type=float, default=900.0, metavar="SECONDS",
+                        help="give up on one world size after this long (default: 900)")
+    parser.add_argument("--json", metavar="PATH", help="write every measured time as JSON")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one rank, on a lab host
+    args = parser.parse_args(argv)
+    args.world_sizes = [int(p) for p in args.world_sizes.split(",")]
+    args.sizes = [parse_size(size) for size in args.sizes.split(",")]
+    args.algorithms = [name.strip() for name in args.algorithms.split(",") if name.strip()]
+    unknown = sorted(set(args.algorithms) - {GLOO, *accepted_algorithms()})
+    if unknown or args.rounds < 1 or min(args.world_sizes) < 2:
+        parser.error(f"unknown algorithm(s) {unknown}" if unknown else "need --rounds >= 1 and world sizes >= 2")
+    parse_rate(args.link)  # a bad rate fails here, before any lab is made
+    return args
+
+
+def measure_on_rank(args: argparse.Namespace) -> None:
+    """Every (size, algorithm) on this rank's process group; rank 0 prints, as one JSON line,
+    the slowest rank's seconds per round (the same on every rank)."""
+    torch.set_num_threads(1)
+    times: dict[str, list[float]] = {}
+    for nbytes in args.sizes:
+        inputs = torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(dist.get_rank()))
+        exact = inputs.clone()
+        dist.all_reduce(exact)
+        calls = {name: _caller(name) for name in args.algorithms}
+        for name, call in calls.items():  # untimed: connections, buffers; and the check
+            result = inputs.clone()
+            call(result)
+            if not torch.allclose(result, exact, rtol=1e-5, atol=1e-4):
+                raise RuntimeError(f"{name} gave a wrong sum at {format_size(nbytes)}")
+        for round_index in range(args.rounds):
+            order = args.algorithms if round_index % 2 == 0 else args.algorithms[::-1]
+            for name in order:
+                buffer = inputs.clone()
+                seconds = time_calls(lambda: calls[name](buffer), buffer.device, warmup=0, iters=1, group=None)
+                times.setdefault(f"{name} {nbytes}", []).append(seconds)
+    if dist.get_rank() == 0:
+        print(json.dumps(times), flush=True)
+
+
+def _caller(name: str):
+    if name == GLOO:
+        return dist.all_reduce
+    return lambda buffer: ddp_ring_hooks.all_reduce(buffer, algorithm=name)
+
+
+def measure_world_size(args: argparse.Namespace, world_size: int) -> dict:
+    """Bring up a lab of ``world_size`` hosts, run one worker per host, return rank 0's times."""
+    worker = [sys.executable, str(Path(__file__).resolve()), "--worker", "--sizes", ",".join(map(str, args.sizes)),
+              "--algorithms", ",".join(args.algorithms), "--rounds", str(args.rounds), "--link", args.link]
+    with EmulatedCluster(hosts=world_size, link=args.link) as lab:
+        results = lab.run(worker, timeout=args.timeout)
+    return json.loads(results[0].stdout.splitlines()[-1])
+
+
+def print_table(args: argparse.Namespace, measured: dict[int, dict]) -> list[dict]:
+    """The table of median time / link limit; returns the rows for --json."""
+    bytes_per_s = parse_rate(args.link) / 8
+    rows = []
+    for nbytes in args.sizes:
+        print(f"\n# all-reduce of {format_size(nbytes)} on {args.link} links: slowest rank's time, median of "
+              f"{args.rounds}, / the link limit 2(p-1)/p * n / B")
+        print(f"# {'p':>3} {'limit(s)':>9} " + " ".join(f"{name:>17}" for name in args.algorithms))
+        for world_size, times in measured.items():
+            limit = all_reduce_bus_factor(world_size) * nbytes / bytes_per_s
+            cells = []
+            for name in args.algorithms:
+                rounds = times[f"{name} {nbytes}"]
+                median = statistics.median(rounds)
+                cells.append(f"{median / limit:>16.2f}x")
+                rows.append({"algorithm": name, "world_size": world_size, "nbytes": nbytes, "link": args.link,
+                             "times_s": rounds, "median_s": median, "limit_s": limit, "x_limit": median / limit})
+            print(f"  {world_size:>3} {limit:>9.3f} " + " ".join(cells))
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        run_on_ranks(measure_on_rank, args, nproc=1)  # the lab set torchrun's variables: joins them
+        return 0
+    try:
+        measured = {p: measure_world_size(args, p) for p in args.world_sizes}
+    except LabError as error:
+        print(f"benchmarks/network.py: {error}", file=sys.stderr)
+        return 2
+    rows = print_table(args, measured)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+        print(f"# wrote {len(rows)} rows to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""``HookState.state_dict()`` / ``load_state_dict()``: the hook's part of a training checkpoint.
+
+Frameworks checkpoint objects through these two methods (Accelerate's
+``register_for_checkpointing`` requires them; so does any ``torch.save`` of a dict of
+``state_dict()`` s). The dict holds plain Python values only, so ``torch.load(...,
+weights_only=True)`` reads it back, and it is the same on every rank (rank 0 may save it alone).
+
+Saved:
+
+- ``iteration``: the optimizer steps reduced so far, the x axis of the ``comm/*`` tags, so a
+  resumed run's curves continue where they stopped;
+- ``algorithm``, ``algorithm_options``: how the buckets were reduced;
+- ``auto`` (``algorithm="auto"`` only): the probe's α, β, γ per candidate, with the world size
+  and the candidates they were measured for, so a resumed run chooses per bucket as before
+  instead of trusting a new probe on a machine that may be busier or quieter now;
+- ``telemetry``: the telemetry options (where the run logged, how often).
+
+Deliberately not saved: the process group, worker threads, ``observers`` and sinks (objects of
+this process); what the telemetry and the timeline recorded (they describe the saving run, and
+the resumed one measures its own); the failure record and the layout check's progress (a
+resumed run builds its buckets anew and checks them again).
+
+Loading restores the step counter and, where it applies, the calibration. The algorithm, its
+options and the telemetry stay as the resumed script registered them: they may differ on
+purpose (say, after following the advisor), and a difference is named in a warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+
+from ..cost_model import Calibration
+
+#: Bumped when the dict changes shape, so an old checkpoint fails with a clear message.
+FORMAT = 1
+
+
+def state_dict_of(state) -> dict:
+    """The checkpoint dict of a :class:`~ddp_ring_hooks.HookState` (see the module docstring)."""
+    auto = state._auto
+    options = state.telemetry.options
+    trace = options.trace_steps
+    return {
+        "format": FORMAT,
+        "iteration": state.iteration,
+        "algorithm": state.algorithm,
+        "algorithm_options": _reduction_options(state),
+        "auto": None if auto is None else {
+            "world_size": auto.world_size,
+            "candidates": list(auto.candidates),
+            "calibration": {a: [c.alpha, c.beta, c.gamma] for a, c in auto.calibration.items()},
+        },
+        "telemetry": {
+            "log_dir": options.log_dir, "log_every": options.log_every,
+            "trace_steps": None if trace is None else [trace.start, trace.stop],
+            "per_rank": options.per_rank, "spread_every": options.spread_every,
+        },
+    }
+
+
+def load_state_dict_into(state, saved: Mapping) -> None:
+    """Continue ``state`` from a :func:`state_dict_of` dict (see the module docstring)."""
+    if not isinstance(saved, Mapping) or saved.get("format") != FORMAT:
+        got = saved.get("format") if isinstance(saved, Mapping) else type(saved).__name__
+        raise ValueError(
+            f"not a HookState.state_dict() of format {FORMAT} (got {got!r}): load what "
+            "HookState.state_dict() saved, e.g. accelerator.load_state of a save_state that registered the state"
+        )
+    state.iteration = int(saved["iteration"])
+    ran, runs = (saved["algorithm"], saved["algorithm_options"]), (state.algorithm, _reduction_options(state))
+    if ran != runs:
+        warnings.warn(
+            f"the checkpoint's hook ran {ran[0]} with {ran[1] or 'no options'}; this one keeps {runs[0]} with "
+            f"{runs[1] or 'no options'}, as registered (only the step counter was restored)", stacklevel=3,
+        )
+        return
+    calibrated, selector = saved["auto"], state._auto
+    if calibrated is None or selector is None:
+        return
+    if calibrated["world_size"] != selector.world_size or tuple(calibrated["candidates"]) != selector.candidates:
+        warnings.warn(
+            f"auto: the checkpoint's calibration was measured on {calibrated['world_size']} ranks for "
+            f"{', '.join(calibrated['candidates'])}; this run has {selector.world_size} ranks and "
+            f"{', '.join(selector.candidates)}, so it keeps its own probe's calibration", stacklevel=3,
+        )
+        return
+    state._auto = selector.recalibrated(
+        {a: Calibration(*values) for a, values in calibrated["calibration"].items()}
+    )
+
+
+def _reduction_options(state) -> dict:
+    """The algorithm's options as plain values; ``auto``'s ``calibration=`` is saved under ``auto``."""
+    return _plain({name: value for name, value in state.algorithm_options.items() if name != "calibration"})
+
+
+def _plain(value):
+    """Tuples become lists, mappings dicts: what a checkpoint stores and compares."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    return value

@@ -1,0 +1,235 @@
+"""The hook where users train: transformers' Trainer, Accelerate (eager and compiled), Lightning
+Fabric and Trainer, plain DDP, each on 2 real gloo ranks under torchrun.
+
+One launch per framework (``tests/scripts/framework_checks.py``, which says what runs in it);
+the tests below read what its ranks reported and the TensorBoard event files they wrote. In
+every framework: DDP itself names ``ring_hook`` as its communication hook, ``native`` gives
+the very same losses and parameters as no hook, ``ring`` the same within rounding, and the
+``comm/*`` tags are in the run. The docs page prints the recipes these launches run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKS = ROOT / "tests" / "scripts" / "framework_checks.py"
+RECIPES = ROOT / "train_examples" / "recipes"
+# ring and DDP's all-reduce both compute (a + b) / 2 at two ranks, exactly in binary floating
+# point, but in differently ordered bucket arithmetic: allow a few roundings per step.
+LOSS_RTOL = 1e-5
+PARAMETER_ATOL = 1e-5
+
+
+def torchrun(script: Path, *arguments: str, cwd: Path, timeout: float) -> str:
+    """``torchrun --standalone --nproc_per_node=2 script arguments`` in ``cwd``; its output. A
+    launch that does not finish in time is killed with all its ranks (its own session), and
+    the test fails."""
+    environment = {
+        **os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+    }
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *arguments]
+    process = subprocess.Popen(command, cwd=cwd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"{script.name} {' '.join(arguments)} did not finish in {timeout:.0f} s:\n{output[-4000:]}")
+    assert process.returncode == 0, output[-6000:]
+    return output
+
+
+def launch(tmp_path_factory, framework: str, *, needs: str, timeout: float) -> tuple[Path, list[dict]]:
+    """Run the framework's checks on 2 ranks (skipped without the package ``needs``): the
+    directory they worked in (the output in ``output.txt``) and every rank's report."""
+    pytest.importorskip(needs)
+    out = tmp_path_factory.mktemp(framework)
+    output = torchrun(CHECKS, framework, "--out", str(out), cwd=out, timeout=timeout)
+    (out / "output.txt").write_text(output)
+    return out, [json.loads((out / f"{framework}_rank{rank}.json").read_text()) for rank in range(2)]
+
+
+def scalars(run_dir: Path) -> dict[str, list[int]]:
+    """Every scalar tag of a TensorBoard run directory and the steps it was written at."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [event.step for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def assert_hook_runs_match(runs: dict, *, suffix: str = "") -> None:
+    """``none``/``native``/``ring`` runs: the hook attached, native identical, ring within rounding."""
+    none, native, ring = (runs[f"{algorithm}{suffix}"] for algorithm in ("none", "native", "ring"))
+    assert none["comm_hook"] is None
+    assert native["comm_hook"] == ring["comm_hook"] == "ring_hook"
+    assert native["losses"] == none["losses"] and native["max_parameter_difference"] == 0.0
+    assert ring["losses"] != [] and len(ring["losses"]) == len(none["losses"])
+    for got, expected in zip(ring["losses"], none["losses"], strict=True):
+        assert math.isclose(got, expected, rel_tol=LOSS_RTOL), (ring["losses"], none["losses"])
+    assert ring["max_parameter_difference"] <= PARAMETER_ATOL
+
+
+def assert_comm_tags_on_steps(run_dir: Path, steps: list[int], *, next_to: str | None = None) -> None:
+    written = scalars(run_dir)
+    assert written.get("comm/bucket_0/time_ms") == steps, sorted(written)
+    assert written.get("comm/step/total_ms") == steps
+    if next_to is not None:  # the framework's own curve, on the same x axis
+        assert written[next_to] == steps
+
+
+# -- transformers' Trainer -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def transformers_run(tmp_path_factory) -> tuple[Path, list[dict]]:
+    return launch(tmp_path_factory, "transformers", needs="transformers", timeout=240)
+
+
+def test_trainer_runs_the_hook_and_native_matches_no_hook(transformers_run):
+    for report in transformers_run[1]:
+        assert_hook_runs_match(report["runs"])
+
+
+def test_trainer_with_gradient_accumulation_reduces_once_per_optimizer_step(transformers_run):
+    for report in transformers_run[1]:
+        ring = report["runs"]["ring"]
+        assert ring["global_step"] == ring["hook_iteration"] == 4
+        assert len(ring["losses"]) == 4 * 2  # micro-batches: 2 per optimizer step
+
+
+def test_trainer_recipe_logs_comm_tags_next_to_the_loss(transformers_run):
+    out, _ = transformers_run
+    (run_dir,) = (out / "runs" / "transformers_trainer" / "runs").iterdir()  # the Trainer's TensorBoard run
+    assert_comm_tags_on_steps(run_dir, list(range(1, 7)), next_to="train/loss")
+    assert list(run_dir.glob("*.advice")), "no comm/advice panel"
+    output = (out / "output.txt").read_text()
+    assert "communication per bucket, rank 0: ring over 2 ranks, 6 steps logged" in output
+    assert "communication advice (ddp_ring_hooks advisor)" in output
+
+
+def test_trainer_train_twice_keeps_the_hook_and_says_the_second_is_untimed(transformers_run):
+    for rank, report in enumerate(transformers_run[1]):
+        second = dict(report["second_train"])
+        warnings = second.pop("warnings")
+        assert second == {"same_state": True, "comm_hook": "ring_hook", "hook_iteration": 4, "global_step": 4,
+                          "max_parameter_difference": pytest.approx(0.0, abs=PARAMETER_ATOL)}
+        assert any("this train() is not timed" in message for message in warnings) == (rank == 0)
+
+
+def test_trainer_default_find_unused_parameters_is_named_on_rank_0(transformers_run):
+    rank_0, rank_1 = (report["runs"]["ring"]["warnings"] for report in transformers_run[1])
+    assert any("find_unused_parameters=True" in message and "ddp_find_unused_parameters=False" in message
+               for message in rank_0)
+    assert not any("find_unused_parameters" in message for message in rank_1)
+
+
+def test_trainer_callback_errors_say_what_is_wrong(transformers_run):
+    report = transformers_run[1][0]
+    assert report["not_ddp_error"].startswith("ValueError: RingHookCallback hooks the DDP model the Trainer trains")
+    assert "found no DistributedDataParallel in GPT2LMHeadModel" in report["not_ddp_error"]
+    assert report["not_a_trainer_error"].startswith("TypeError: RingHookCallback(trainer, ...) needs the transformers Trainer")
+
+
+# -- Accelerate, and plain DDP -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def accelerate_run(tmp_path_factory) -> tuple[Path, list[dict]]:
+    return launch(tmp_path_factory, "accelerate", needs="accelerate", timeout=300)
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_accelerate_prepared_model_takes_the_hook(accelerate_run, mode):
+    from tests.scripts.framework_checks import COMPILE_BACKEND
+
+    suffix = "/eager" if mode == "eager" else f"/{COMPILE_BACKEND}"
+    for report in accelerate_run[1]:
+        runs = report["runs"]
+        assert_hook_runs_match(runs, suffix=suffix)
+        expected_type = "DistributedDataParallel" if mode == "eager" else "OptimizedModule"
+        assert {runs[f"{a}{suffix}"]["model_type"] for a in ("none", "native", "ring")} == {expected_type}
+        assert runs[f"ring{suffix}"]["hook_iteration"] == 4  # 8 micro-batches, accumulating 2
+
+
+def test_accelerate_runs_log_comm_tags(accelerate_run):
+    out, _ = accelerate_run
+    assert_comm_tags_on_steps(out / "runs" / "accelerate", [1, 2, 3, 4])  # the recipe
+    assert_comm_tags_on_steps(out / "runs" / "accelerate_ring_eager", [1, 2, 3, 4])
+
+
+def test_accelerate_save_and_load_state_round_trip_the_hook_state(accelerate_run):
+    out, reports = accelerate_run
+    assert (out / "runs" / "accelerate" / "checkpoint" / "custom_checkpoint_0.pkl").is_file()  # the recipe's
+    for report in reports:
+        assert report["checkpoint"] == {"saved_iteration": 4, "restored_iteration": 4, "file_reads_with_weights_only": True}
+        auto = report["auto_checkpoint"]
+        assert auto["iteration"] == 5 and auto["calibration_restored"] and auto["native_chosen_for_1MiB"]
+        assert auto["other_algorithm_iteration"] == 5
+        (warning,) = auto["other_algorithm_warning"]
+        assert "ran auto" in warning and "keeps tree" in warning
+
+
+def test_plain_ddp_recipe_runs_as_printed_and_logs_comm_tags(tmp_path):
+    # A launch of its own: it makes and destroys its process group, and a second default group
+    # made after it in the same torchrun processes (Accelerate's) once hung in init_process_group
+    # with one rank already past it.
+    output = torchrun(RECIPES / "plain_ddp.py", cwd=tmp_path, timeout=120)
+    assert "communication per bucket, rank 0: ring over 2 ranks, 6 steps logged" in output
+    assert_comm_tags_on_steps(tmp_path / "runs" / "plain_ddp", list(range(1, 7)))
+
+
+# -- Lightning Fabric and the Lightning Trainer -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fabric_run(tmp_path_factory) -> tuple[Path, list[dict]]:
+    return launch(tmp_path_factory, "fabric", needs="lightning", timeout=240)
+
+
+def test_fabric_strategy_runs_the_hook_and_native_matches_no_hook(fabric_run):
+    for report in fabric_run[1]:
+        runs = report["runs"]
+        assert_hook_runs_match(runs)
+        assert runs["ring"]["hook_iteration"] == 4  # 8 micro-batches under no_backward_sync, 2 per step
+        # DDP's own options go to DDP, the hook's to the hook.
+        assert {run["bucket_cap_bytes"] for run in runs.values()} == {int(0.001 * 1024 * 1024)}
+
+
+def test_fabric_runs_log_comm_tags(fabric_run):
+    out, _ = fabric_run
+    assert_comm_tags_on_steps(out / "runs" / "fabric_ring", [1, 2, 3, 4])
+    assert "gradients averaged by ring" in (out / "output.txt").read_text()  # the recipe, by strategy name
+
+
+def test_lightning_trainer_recipe_logs_comm_tags_next_to_the_loss(fabric_run):
+    out, _ = fabric_run
+    run_dir = out / "runs" / "lightning_trainer" / "lightning_logs" / "version_0"
+    written = scalars(run_dir)
+    assert written["comm/bucket_0/time_ms"] == list(range(6))  # Lightning's x of step N is N - 1
+
+
+# -- the docs print the recipes these launches run ------------------------------------------------------
+
+
+def test_docs_print_every_recipe_verbatim():
+    page = (ROOT / "docs" / "frameworks.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)
+    recipes = sorted(RECIPES.glob("*.py"))
+    assert len(recipes) == 5
+    for recipe in recipes:
+        assert recipe.read_text() in blocks, f"docs/frameworks.md does not print {recipe.name} as it is"
+        command = f"torchrun --standalone --nproc_per_node=2 train_examples/recipes/{recipe.name}"
+        assert command in page and command in recipe.read_text()

@@ -8,8 +8,9 @@ trained and measured::
     python benchmarks/advisor_accuracy.py --models mlp --pairs 3   # quicker
 
 Settings: k in {2, 4, 8}; bucket_cap_mb in {1, 4, 25}; algorithms halving_doubling and
-native (the group's own all_reduce). Targets (issue 13): median absolute error <= 10%,
-worst <= 25%, for each model.
+native (the group's own all_reduce). Targets: median absolute error <= 10%, worst <= 25%,
+for each model; the last lines say, per model and target, whether it was met or missed, next
+to the machine's load at the start and the end (a busy machine moves the measured side).
 
 **How it measures.** Every round's processes first train the base setting for an untimed
 warm-up, then about ``--run-ms`` of contiguous steps whose timeline the advisor reads (the run it
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import sys
 import time
@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT / "train_examples"))
 import ddp_ring_hooks  # noqa: E402
 from ddp_ring_hooks.advisor import Setting, step_model  # noqa: E402
 from ddp_ring_hooks.launch import run_on_ranks  # noqa: E402
+from ddp_ring_hooks.machine import MachineLoad, describe_load  # noqa: E402
 
 MEDIAN_TARGET, WORST_TARGET = 0.10, 0.25
 
@@ -220,10 +221,11 @@ def main(argv=None) -> int:
     variants += [("bucket_cap_mb", c, {**base, "bucket_cap_mb": c}) for c in caps]
     variants += [("algorithm", a, {**base, "algorithm": a}) for a in algorithms]
 
+    start = MachineLoad.now()
     print(f"# {args.nproc} gloo ranks; per round: a ~{args.run_ms / 1e3:.0f} s base run to predict from, then "
           f"{args.pairs} block pairs of ~{args.block_ms:.0f} ms per setting; {args.rounds} round(s); "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start")
-    errors_all = []
+          f"load average {start.load_average:.1f} on {start.cores} cores at start")
+    errors_all, by_model = [], {}
     for model_name in args.models.split(","):
         started = time.perf_counter()
         runs, pairs = [], {}
@@ -256,11 +258,25 @@ def main(argv=None) -> int:
             print(f"{knob:<14} {str(value):<18} {predicted / base_predicted * base_ms:>13.1f} {measured_ratio * base_ms:>12.1f} "
                   f"{error:>+8.1%}   {min(ratios):.2f}-{max(ratios):.2f}{'':<8} {plain:>+11.1%}")
         errors_all += errors
+        by_model[model_name] = errors
         print(f"{model_name}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
               f"(targets {MEDIAN_TARGET:.0%}, {WORST_TARGET:.0%})")
         check_world_sizes(model)
     print(f"\nall: median |error| {statistics.median(errors_all):.1%}, worst {max(errors_all):.1%}")
+    print("\n".join(verdict_lines(by_model)))
+    print(describe_load(start, MachineLoad.now(), own_processes=args.nproc))
     return 0
+
+
+def verdict_lines(errors_by_model: dict[str, list[float]]) -> list[str]:
+    """One line per model and target: the value, the target, met or missed."""
+    lines = []
+    for name, errors in errors_by_model.items():
+        for what, value, target in (("median |error|", statistics.median(errors), MEDIAN_TARGET),
+                                    ("worst |error|", max(errors), WORST_TARGET)):
+            verdict = "met" if value <= target else "missed"
+            lines.append(f"target {name} {what} <= {target:.0%}: {value:.1%}, {verdict}")
+    return lines
 
 
 def setting_of(knob: str, value, profile) -> Setting:

@@ -40,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import ddp_ring_hooks
 from ddp_ring_hooks.launch import run_on_ranks, under_torchrun
-from ddp_ring_hooks.runtime.names import accepted_algorithms
+from ddp_ring_hooks import accepted_algorithms
 from mlp_steps import build_mlp_ddp, time_steps
 
 NO_HOOK, TORCH_HOOK, TELEMETRY_SUFFIX = "no-hook", "allreduce_hook", "+telemetry"

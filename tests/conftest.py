@@ -7,10 +7,13 @@ real ``nn.Module``, inputs are seeded random tensors, digests are SHA-256 of the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -138,3 +141,62 @@ def native_and_ring_in_one_backward(rank: int, device: torch.device) -> dict:
     state.close()
     return {"chosen": chosen, "params": [p.detach().cpu() for p in model.parameters()]}
 
+
+
+# -- the main job, once per session --------------------------------------------------------------
+
+#: A short run of the main job: tiny model, k = 1 and 2, STEPS measured steps (and at least
+#: MIN_MICRO_BATCHES micro-batches) after WARMUP_STEPS per fit.
+MAIN_JOB_ACCUMULATE, MAIN_JOB_STEPS, MAIN_JOB_WARMUP_STEPS, MAIN_JOB_MIN_MICRO_BATCHES = (1, 2), 3, 1, 6
+
+
+def main_job_command(output, *extra: str) -> list[str]:
+    """``torchrun ... accumulation_sweep.py`` with the short run's flags (``extra`` wins)."""
+    sweep = Path(__file__).resolve().parents[1] / "train_examples" / "accumulation_sweep.py"
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(sweep),
+        "--accumulate", ",".join(map(str, MAIN_JOB_ACCUMULATE)), "--steps", str(MAIN_JOB_STEPS),
+        "--warmup-steps", str(MAIN_JOB_WARMUP_STEPS), "--min-micro-batches", str(MAIN_JOB_MIN_MICRO_BATCHES),
+        "--warmup-fit-steps", "1", "--micro-batch", "2", "--seq-len", "16", "--width", "32", "--layers", "2",
+        "--heads", "2", "--bucket-cap-mb", "0.02", "--accelerator", "cpu", "--output-dir", str(output), *extra,
+    ]
+
+
+def checkout_environment() -> dict[str, str]:
+    """The checkout need not be installed: the package is found from the repository root."""
+    root = str(Path(__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+
+
+def run_main_job(output, *extra: str) -> subprocess.CompletedProcess:
+    """Run it to the end (every rank killed after a timeout); fail with its output if it fails."""
+    launched = subprocess.Popen(main_job_command(output, *extra), env=checkout_environment(), start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = launched.communicate(timeout=300)
+    finally:
+        if launched.poll() is None:
+            os.killpg(launched.pid, signal.SIGKILL)
+            launched.wait()
+    assert launched.returncode == 0, out[-3000:] + err[-3000:]
+    return subprocess.CompletedProcess(launched.args, launched.returncode, out, err)
+
+
+@pytest.fixture(scope="session")
+def main_job_run(tmp_path_factory) -> dict:
+    """One two-round run of the short main job, shared by the sweep and the TensorBoard tests:
+    ``output/version_0`` holds one TensorBoard run per k and round."""
+    output = tmp_path_factory.mktemp("main_job")
+    finished = run_main_job(output, "--rounds", "2")
+    return {"output": output, "run": output / "version_0", "stdout": finished.stdout}
+
+
+@functools.cache
+def help_text(program: tuple[str, ...]) -> str:
+    """What ``program --help`` prints (run once per program per session: the scripts' check and
+    the docs' check share it)."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([*program, "--help"], cwd=root, env=checkout_environment(), capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, f"{' '.join(program)} --help failed: {done.stderr[-2000:]}"
+    return done.stdout

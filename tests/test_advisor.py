@@ -17,6 +17,7 @@ from ddp_ring_hooks.advisor import (
     Setting,
     advise,
     from_bench,
+    format_advice,
     from_latency_bandwidth,
     profile_run,
     run_setting,
@@ -213,12 +214,28 @@ def test_advice_has_the_stable_shape_and_names_the_change():
                                   "compute_ms", "comm_ms", "exposed_ms"}
     assert {r["knob"] for r in advice["what_if"]} == {"bucket_cap_mb", "accumulate", "algorithm", "world_size"}
     assert {r["value"] for r in advice["what_if"] if r["knob"] == "algorithm"} >= {"ring", "tree", "native"}
-    assert all(set(r) == {"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup"} for r in advice["what_if"])
+    assert all(set(r) == {"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup", "this_run"} for r in advice["what_if"])
     rec = advice["recommendation"]
     # Accumulation gains 1.08x, 1.12x, 1.15x, 1.16x at k=2..16: the knee (80% of the largest gain) is k=8.
     gains = {r["value"]: r["speedup"] for r in advice["what_if"] if r["knob"] == "accumulate"}
     assert gains[8] - 1 >= 0.8 * (gains[16] - 1) > gains[4] - 1
     assert rec["knob"] == "accumulate" and rec["value"] == 8 and "effective batch grows 8x" in rec["why"]
+
+
+def test_the_table_marks_the_runs_own_rows_and_explains_the_explicit_cap_of_its_size():
+    default_cap = advise(timeline(ready=[20.0, 20.0]))  # DDP's default: 1 MiB first bucket, then 25 MiB
+    own = {(r["knob"], r["value"]) for r in default_cap["what_if"] if r["this_run"]}
+    assert own == {("accumulate", 1), ("algorithm", "ring"), ("world_size", 2)}
+    text = format_advice(default_cap)
+    assert "  1 (this run) " in text and "  ring (this run) " in text and "  2 (this run) " in text
+    assert "25 (this run)" not in text
+    assert "(25 is bucket_cap_mb=25 given explicitly, not this run: an explicit cap also makes the first bucket 25 MB" in text
+
+    records = timeline(ready=[20.0, 20.0])
+    records[0] = {**records[0], "first_bucket_bytes": 25 * MIB}  # bucket_cap_mb=25 given explicitly
+    explicit = advise(records)
+    assert ("bucket_cap_mb", 25) in {(r["knob"], r["value"]) for r in explicit["what_if"] if r["this_run"]}
+    assert "  25 (this run) " in format_advice(explicit) and "given explicitly" not in format_advice(explicit)
 
 
 def test_too_few_steps_and_gpu_timelines_are_clear_errors():
@@ -284,7 +301,8 @@ def test_two_ranks_then_advise_json_reads_the_log_dir(tmp_path):
     panels = EventAccumulator(log_dir, size_guidance={"tensors": 0}).Reload().Tags()["tensors"]
     assert "comm/advice/text_summary" in panels
 
-    bad = subprocess.run([sys.executable, "-m", "ddp_ring_hooks", "advise", str(tmp_path)], capture_output=True,
+    (tmp_path / "empty").mkdir()
+    bad = subprocess.run([sys.executable, "-m", "ddp_ring_hooks", "advise", str(tmp_path / "empty")], capture_output=True,
                          text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "no timeline.jsonl" in bad.stderr
 
@@ -375,6 +393,27 @@ def test_advise_cli_reads_a_network_profile_and_rejects_bad_input(tmp_path, caps
     assert "--latency and --bandwidth go together" in capsys.readouterr().err
 
 
+def test_advise_on_a_directory_of_runs_lists_them_and_advises_on_the_first(tmp_path, capsys):
+    """The main job's version_N holds one run per k and round: all listed, the first advised on."""
+    from ddp_ring_hooks.cli.__main__ import main
+
+    for k in (1, 2, 10):
+        for round_index in (0, 1):
+            run = tmp_path / f"accumulate_{k}" / f"round_{round_index}"
+            run.mkdir(parents=True)
+            records = timeline(ready=[20.0, 20.0], k=k, micro=5.0)
+            (run / "timeline.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    assert main(["advise", str(tmp_path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["run"]["accumulate"] == 1  # stdout stays one JSON document
+    assert f"{tmp_path} holds 6 runs with a timeline: accumulate_1/round_0, accumulate_1/round_1, " \
+           "accumulate_2/round_0, accumulate_2/round_1, accumulate_10/round_0, accumulate_10/round_1" in err
+    assert f"advising on the first, {tmp_path / 'accumulate_1' / 'round_0'}" in err
+    assert main(["advise", str(tmp_path / "accumulate_10" / "round_1")]) == 0
+    out, err = capsys.readouterr()
+    assert "accumulate 10" in out and "10 (this run)" in out and not err
+
+
 def test_a_torn_last_timeline_line_is_skipped_and_an_auto_run_gets_advice(tmp_path):
     """A run still writing (or killed mid-line) leaves a partial last line: the steps before it
     stand. A run with algorithm="auto" is priced as the ring, and gets its tables."""
@@ -420,6 +459,20 @@ def test_a_hierarchical_run_is_advised_with_its_own_node_size_wherever_its_log_i
     eight = replace(here, world_size=8, algorithm_options=(("local_size", 4),))
     assert setting_options(model.profile, eight) == {"local_size": 4, "ring_order": "rank", "node_of": None}
     assert bytes_factor("hierarchical", 8, **setting_options(model.profile, eight)) == pytest.approx(1.75)
+
+
+def test_the_accuracy_benchmark_ends_with_a_verdict_per_model_and_target():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    try:
+        import advisor_accuracy
+    finally:
+        sys.path.pop(0)
+    assert advisor_accuracy.verdict_lines({"mlp": [0.047, 0.01, 0.285], "char-lm": [0.02, 0.03, 0.09]}) == [
+        "target mlp median |error| <= 10%: 4.7%, met",
+        "target mlp worst |error| <= 25%: 28.5%, missed",
+        "target char-lm median |error| <= 10%: 3.0%, met",
+        "target char-lm worst |error| <= 25%: 9.0%, met",
+    ]
 
 
 def test_a_ring_order_reaches_the_advisor_as_any_option_does():

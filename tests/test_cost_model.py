@@ -169,6 +169,11 @@ def test_model_cli_prints_the_predicted_table(capsys):
         expected = [format_seconds(predict(algorithm, 2**30, p, alpha=5e-6, beta=1e-11)) for p in (4, 8, 64)]
         assert " ".join(cells[1:]) == " ".join(expected)
     assert "ring barely grows with p" in out and "it beats the ring below" in out
+    # The text under the table names the ring's bytes (21.1 ms at p=64) and ends on the table's
+    # own cells (21.8 ms): it once gave only the first, which read as a mismatch.
+    prose = " ".join(out.split("\n\n")[1].split())
+    ring = rows["ring"]
+    assert f"The table adds the two: {ring[1]} {ring[2]} at p=4, {ring[5]} {ring[6]} at p=64." in prose
 
 
 def test_model_cli_hierarchical_row_and_bad_units(capsys):

@@ -243,7 +243,7 @@ def test_bad_arguments_get_errors_that_name_the_fix():
 
 @pytest.mark.timeout(400)
 def test_the_readme_resume_command_continues_in_the_same_run(tmp_path):
-    """train_char_lm.py, then the same command with --resume, as docs/lightning.md prints them: the
+    """train_char_lm.py, then the same command with --resume last, as docs/lightning.md prints them: the
     second run trains --max-steps more steps (it once trained none and ended in
     KeyError: 'train/loss') and continues the first run's TensorBoard curve (it once left an
     empty version_1)."""
@@ -267,9 +267,24 @@ def test_the_readme_resume_command_continues_in_the_same_run(tmp_path):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return done.stdout
 
+    def refused(*extra: str) -> str:  # before any training: no torchrun needed
+        done = subprocess.run([sys.executable, str(root / "train_examples" / "train_char_lm.py"), "--output-dir",
+                               str(output), *extra], env=environment, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and not done.stdout, done.stderr[-3000:]
+        return done.stderr
+
+    assert f"--resume last: no checkpoint to resume; there is none under {output} yet" in refused("--resume", "last")
     train()
     (checkpoint,) = (output / "version_0" / "checkpoints").glob("*.ckpt")
-    assert "trained optimizer steps 3-4" in train("--resume", str(checkpoint))
+    assert (output / "version_0" / "timeline.jsonl").read_text().startswith('{"type":"run"')  # for `advise`
+    wrong = refused("--resume", str(checkpoint.with_name("epoch=0-step=200.ckpt")))
+    assert f"no such checkpoint file; checkpoints under {output}: {checkpoint}" in wrong
+    resumed = subprocess.run([*command, "--resume", "last"], env=environment, capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "trained optimizer steps 3-4" in resumed.stdout
+    # Lightning's warning, said once in words that tell what happens to the data order.
+    assert f"resuming from {checkpoint} (step 2); note: the data loader keeps no place in its epoch" in resumed.stdout
+    assert "dataloader is not resumable. This can cause" not in resumed.stderr
     assert sorted(p.name for p in output.iterdir()) == ["version_0"]
     events = EventAccumulator(str(output / "version_0"))
     events.Reload()

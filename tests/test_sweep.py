@@ -5,54 +5,50 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("lightning")
 
+from .conftest import (
+    MAIN_JOB_ACCUMULATE as ACCUMULATE,
+    MAIN_JOB_MIN_MICRO_BATCHES as MIN_MICRO_BATCHES,
+    MAIN_JOB_STEPS as STEPS,
+    MAIN_JOB_WARMUP_STEPS as WARMUP_STEPS,
+    main_job_command,
+    checkout_environment,
+    run_main_job,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "train_examples" / "accumulation_sweep.py"
-ACCUMULATE = (1, 2)
-STEPS, WARMUP_STEPS = 3, 1
-MIN_MICRO_BATCHES = 6  # k=1 measures 6 steps, k=2 3 (at least STEPS)
+ENVIRONMENT = checkout_environment()
 
 
 def measured(k: int) -> int:
-    return max(STEPS, -(-MIN_MICRO_BATCHES // k))
+    return max(STEPS, -(-MIN_MICRO_BATCHES // k))  # k=1 measures 6 steps, k=2 3 (at least STEPS)
+
+
 RESULT_KEYS = {"accumulate_grad_batches", "samples_per_s", "comm_ms_per_optimizer_step", "comm_fraction", "speedup",
                "samples_per_s_spread", "speedup_by_round", "speedup_spread", "warnings"}
 
 
-def _run_sweep(output: Path, *extra: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SWEEP),
-        "--accumulate", ",".join(map(str, ACCUMULATE)), "--steps", str(STEPS), "--warmup-steps", str(WARMUP_STEPS),
-        "--min-micro-batches", str(MIN_MICRO_BATCHES),
-        "--warmup-fit-steps", "1", "--micro-batch", "2", "--seq-len", "16", "--width", "32", "--layers", "2",
-        "--heads", "2", "--bucket-cap-mb", "0.02", "--accelerator", "cpu", "--output-dir", str(output), *extra,
-    ]
-    # The checkout need not be installed: the package is found from the repository root.
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=240)
-    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    return finished
-
-
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory) -> dict:
-    """Two runs into one output directory: two rounds, then one round."""
-    output = tmp_path_factory.mktemp("sweep")
-    first = _run_sweep(output, "--rounds", "2")
+def sweep(main_job_run) -> dict:
+    """Two runs into one output directory: two rounds (the session's), then one round."""
+    output = main_job_run["output"]
     first_events = sorted(p.name for p in (output / "version_0").rglob("events.out.tfevents.*"))
-    second = _run_sweep(output, "--rounds", "1")
-    return {"output": output, "first": first, "second": second, "first_events": first_events}
+    second = run_main_job(output, "--rounds", "1")
+    return {"output": output, "first": main_job_run["stdout"], "second": second.stdout, "first_events": first_events}
 
 
 def test_results_json_holds_one_sane_record_per_setting(sweep):
-    assert "speedup vs k=1" in sweep["first"].stdout
+    assert "speedup vs k=1" in sweep["first"]
     records = json.loads((sweep["output"] / "version_0" / "results.json").read_text())
     assert [r["accumulate_grad_batches"] for r in records] == list(ACCUMULATE)
     for record in records:
@@ -76,6 +72,89 @@ def test_results_json_holds_one_sane_record_per_setting(sweep):
     assert low <= records[1]["speedup"] <= high
 
 
+def test_the_run_reports_the_machines_load_next_to_its_verdict(sweep):
+    out = sweep["first"]
+    verdict = out.index("These rounds do not agree") if "These rounds do not agree" in out else out.index("speedup vs k=1")
+    machine = out.index("machine: load average ")
+    assert machine > verdict and "at start" in out[machine:] and "on " in out[machine:] and " cores" in out[machine:]
+    records = json.loads((sweep["output"] / "version_0" / "results.json").read_text())
+    load = records[0]["machine"]
+    assert {"load_average_start", "load_average_end", "cores", "steal_fraction", "busy_at_start"} <= load.keys()
+    assert load["cores"] >= 1 and load["load_average_start"] >= 0
+    assert all(record["machine"] == load for record in records)
+
+
+def test_every_run_writes_the_timeline_and_advise_reads_the_version_directory(sweep, capsys):
+    from ddp_ring_hooks.cli.__main__ import main
+
+    run = sweep["output"] / "version_0"
+    for k in ACCUMULATE:
+        for round_index in range(2):
+            lines = (run / f"accumulate_{k}" / f"round_{round_index}" / "timeline.jsonl").read_text().splitlines()
+            assert json.loads(lines[0])["type"] == "run" and len(lines) == 1 + measured(k) + WARMUP_STEPS - 1
+    assert f"advice: ddp-ring-hooks advise {run}" in sweep["first"]
+    assert main(["advise", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert "holds 4 runs with a timeline: accumulate_1/round_0, accumulate_1/round_1, accumulate_2/round_0" in err
+    assert "accumulate 1," in out and "  1 (this run) " in out and "recommendation:" in out
+
+
+def test_the_hparams_experiment_says_which_settings_differ(sweep):
+    """TensorBoard's HParams tab takes its columns from one experiment summary; Lightning wrote
+    one per run, each with differs=false, accumulate_grad_batches included."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    experiments = []
+    for k in ACCUMULATE:
+        for round_index in range(2):
+            events = EventAccumulator(str(sweep["output"] / "version_0" / f"accumulate_{k}" / f"round_{round_index}"))
+            events.Reload()
+            content = events.PluginTagToContent("hparams")
+            assert "_hparams_/session_start_info" in content
+            if "_hparams_/experiment" in content:
+                experiments.append(plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment)
+    assert len(experiments) == 1
+    differs = {info.name: info.differs for info in experiments[0].hparam_infos}
+    assert differs["accumulate_grad_batches"] and differs["round"] and differs["measured_steps"]
+    assert not differs["micro_batch"] and not differs["algorithm"] and not differs["world_size"]
+    assert {m.name.tag for m in experiments[0].metric_infos} >= {"sweep/samples_per_s", "sweep/speedup"}
+
+
+def test_one_process_is_refused_before_training(tmp_path):
+    # Without the warm-up fit, training would create the output directory first.
+    finished = subprocess.run([sys.executable, str(SWEEP), "--output-dir", str(tmp_path / "runs"), "--warmup-fit-steps", "0"],
+                              env=ENVIRONMENT, capture_output=True, text=True, timeout=180)
+    assert finished.returncode == 2
+    assert ("this measures communication between ranks, but only 1 process runs: launch it with "
+            "`torchrun --standalone --nproc_per_node=2 train_examples/accumulation_sweep.py`") in finished.stderr
+    assert "--allow-single-process" in finished.stderr
+    assert not (tmp_path / "runs").exists() and not finished.stdout  # refused before any fit
+
+
+def test_ctrl_c_removes_the_partial_run_and_the_ranks_exit_without_a_traceback(tmp_path):
+    """Ctrl-C reaches torchrun and every rank at once (the terminal signals the process group)."""
+    output = tmp_path / "runs"
+    # No warm-up fit: the first timed fit starts sooner (and the run directory is made before it).
+    sweep = subprocess.Popen(main_job_command(output, "--rounds", "3", "--warmup-fit-steps", "0"), env=ENVIRONMENT,
+                             start_new_session=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not list(output.glob("version_0/accumulate_*/round_0/events.out.tfevents.*")):  # a fit is under way
+            assert sweep.poll() is None and time.monotonic() < deadline, "the sweep never started its first fit"
+            time.sleep(0.2)
+        os.killpg(sweep.pid, signal.SIGINT)
+        out, _ = sweep.communicate(timeout=120)
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+            sweep.wait()
+    assert f"interrupted after 0 of 6 fits: removed the partial run {output / 'version_0'}" in out, out[-3000:]
+    assert list(output.iterdir()) == []  # TensorBoard has no half run to list
+    assert "[rank0]: Traceback" not in out and "[rank1]: Traceback" not in out, out[-3000:]
+
+
 def test_plot_is_a_png(sweep):
     assert (sweep["output"] / "version_0" / "accumulation_sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -92,8 +171,8 @@ def test_each_setting_and_round_is_its_own_tensorboard_run_with_hparams(sweep):
             # Every optimizer step has its comm timing, once: a later run never appends to this
             # run's event files (it once showed 2x the points).
             assert len(events.Scalars("comm/step/total_ms")) == measured(k) + WARMUP_STEPS
-            plugins = events.PluginTagToContent("hparams")
-            assert "_hparams_/experiment" in plugins and "_hparams_/session_start_info" in plugins
+            plugins = events.PluginTagToContent("hparams")  # the experiment: in one run only (below)
+            assert "_hparams_/session_start_info" in plugins and "_hparams_/session_end_info" in plugins
             assert b"accumulate_grad_batches" in plugins["_hparams_/session_start_info"]
 
 
@@ -103,10 +182,10 @@ def test_a_second_run_gets_a_fresh_version_directory(sweep):
     assert sorted(p.name for p in (output / "version_0").rglob("events.out.tfevents.*")) == sweep["first_events"]
     records = json.loads((output / "version_1" / "results.json").read_text())
     assert [r["rounds"] for r in records] == [1, 1]
-    assert str(output / "version_1") in sweep["second"].stdout
+    assert str(output / "version_1") in sweep["second"]
     # One round has no spread: the run says so instead of presenting one sample as a result.
-    assert "WARNING: one round only" in sweep["second"].stdout
-    assert "do not agree" not in sweep["second"].stdout  # one round cannot disagree with itself
+    assert "WARNING: one round only" in sweep["second"]
+    assert "do not agree" not in sweep["second"]  # one round cannot disagree with itself
 
 
 # -- the arithmetic, on the numbers of a run that misled a user ---------------------------------
@@ -114,18 +193,15 @@ def test_a_second_run_gets_a_fresh_version_directory(sweep):
 
 @pytest.fixture(scope="module")
 def sweep_module():
-    sys.path.insert(0, str(SWEEP.parent))  # the script imports its neighbour char_lm
+    sys.path.insert(0, str(SWEEP.parent))  # the sweep's statistics, beside it
     try:
-        import accumulation_sweep
+        import sweep_rounds
     finally:
         sys.path.remove(str(SWEEP.parent))
-    return accumulation_sweep
+    return sweep_rounds
 
 
 def _records(module, by_round: dict[int, list[float]]):
-    import argparse
-
-    args = argparse.Namespace(seq_len=64, micro_batch=4, algorithm="ring", warmup_steps=1, steps=10)
     ks = sorted(by_round)
     rounds = len(by_round[ks[0]])
     runs = {
@@ -136,7 +212,8 @@ def _records(module, by_round: dict[int, list[float]]):
         for k in ks for r in range(rounds)
     }
     module.paired_speedups(runs, ks, rounds)
-    return [module.combine_rounds([runs[r, k] for r in range(rounds)], args) for k in ks]
+    return [module.combine_rounds([runs[r, k] for r in range(rounds)], settings={"micro_batch": 4, "algorithm": "ring"},
+                                  tokens_per_sample=64, warmup_steps=1) for k in ks]
 
 
 def test_two_disagreeing_rounds_are_flagged_not_averaged(sweep_module):

@@ -14,70 +14,86 @@ batch (P * micro_batch * k samples per step), which changes the optimization.
 
 How it measures, so that the answer holds (or says that it does not):
 
-1. One shared warm-up fit first, never timed: the first fit of a process pays for imports,
+1. It refuses to run as one process (``python accumulation_sweep.py`` without torchrun): with
+   one rank there is no communication to save, and the table would show a confident speedup
+   that teaches the wrong lesson (``--allow-single-process`` runs anyway). With more processes
+   than cores it says what that does to the numbers.
+2. One shared warm-up fit first, never timed: the first fit of a process pays for imports,
    gloo connections, allocator growth and thread pools, and must not charge them to
    whichever setting happens to run first.
-2. Every setting (default k = 1, 2, 4, 8) trains the same model from the same seed for
+3. Every setting (default k = 1, 2, 4, 8) trains the same model from the same seed for
    ``--warmup-steps`` + ``--steps`` optimizer steps (k micro-batches each), with the ring
    hook attached by ``RingDDPStrategy``; only the last ``--steps`` are measured (DDP reduces
    one big bucket in step 1 and rebuilds its buckets after it). Every k gets at least
    ``--steps`` measured optimizer steps, and at least ``--min-micro-batches`` measured
    micro-batches (k=1 gets 40 steps, k=8 10): a k=1 step is short, and 10 of them were too few
    to agree from round to round.
-3. ``--rounds`` rounds (default 3), settings interleaved in alternating order (1,2,4,8 then
+4. ``--rounds`` rounds (default 3), settings interleaved in alternating order (1,2,4,8 then
    8,4,2,1, ...): the load of a shared machine drifts, and alternating spreads the drift.
-4. Per fit, samples/s is that of its median optimizer step (a step another process stalled
-   moves the mean, not the median). Per round, a setting's speedup is its samples/s over
-   k=1's *in the same round* (paired: both ran minutes apart at most, under the same load),
-   so k=1's per-round speedup is 1.0 by definition. The table shows, per k, the median over
-   rounds and the spread (lowest-highest round); never a mean.
-5. When rounds disagree on which of two settings is faster (the paired ratio is above 1 in
-   one round and below in another), or a speedup's rounds spread by more than
-   +-``--tolerance``, the table and ``results.json`` carry a warning saying so.
+5. Per fit, samples/s is that of its median optimizer step (a step another process stalled
+   moves the mean, not the median). The rounds become one result per k in
+   ``sweep_rounds.py``: speedups paired within a round, medians and spreads over rounds,
+   and a warning where the rounds disagree (ORDER UNCERTAIN, NOISY).
+6. Next to that verdict it prints the machine's load average at the start and the end (and
+   the CPU steal in between): a busy machine makes every step slower and the rounds noisier.
 
 Columns: samples/s over all ranks; communication ms per optimizer step (the time at least one
 bucket's all-reduce was in flight, the hook's ``StepRecord.total_ms``; on CPU two buckets
 overlap) and the part backward could not hide (``exposed_ms``), both including waiting for the
 slower rank; communication share = comm ms / step ms; speedup vs the smallest k;
 predicted: the speedup the advisor (``ddp_ring_hooks.advisor``) forecast from the smallest
-k's own timeline in each round (median over rounds), and its error against the measured one.
+k's own timeline in each round (median over rounds), and its error against the measured one
+(predicted / measured - 1).
 
 Output: every run writes a fresh ``--output-dir/version_N/`` (N one more than the last, as
 Lightning's loggers number their runs), so TensorBoard and the files always describe the same
-run: the printed table, ``results.json`` (one record per k), ``accumulation_sweep.png``, and
-one TensorBoard run per k and round (``accumulate_<k>/round_<r>/``) with the loss,
-``comm/*``, ``throughput/*`` and the settings and results as hparams.
+run: ``results.json`` (one record per k, the machine's load in each), ``accumulation_sweep.png``,
+and one TensorBoard run per k and round (``accumulate_<k>/round_<r>/``) with the loss,
+``comm/*``, ``throughput/*``, the settings and results as hparams, and the hook's
+``timeline.jsonl`` (``ddp-ring-hooks advise version_N`` reads it). Ctrl-C removes the partial
+``version_N/`` and exits with code 130 (torchrun then reports the signal itself).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import re
+import shutil
 import statistics
-from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch.distributed as dist
-from char_lm import add_model_arguments, make_dataloader, model_from_args, quiet_lightning, torchrun_placement
+from char_lm import (
+    add_model_arguments,
+    fit_or_interrupt,
+    make_dataloader,
+    model_from_args,
+    quiet_lightning,
+    save_timeline,
+    torchrun_placement,
+    warn_if_oversubscribed,
+)
 from lightning.pytorch.loggers import TensorBoardLogger
+from sweep_rounds import add_predictions, agreement_warnings, combine_rounds, format_table, paired_speedups
 from tqdm import tqdm
 
+from ddp_ring_hooks import accepted_algorithms
 from ddp_ring_hooks.advisor import accumulation_speedups
-from ddp_ring_hooks.runtime.names import accepted_algorithms
 from ddp_ring_hooks.integrations.lightning import (
     CommTimingLogger,
     RingDDPStrategy,
     ThroughputLogger,
 )
+from ddp_ring_hooks.machine import MachineLoad, describe_load, load_record
 from ddp_ring_hooks.telemetry import MemorySink
 
 RESULTS_FILE = "results.json"
 PLOT_FILE = "accumulation_sweep.png"
 VERSION_PREFIX = "version_"
+LAUNCH = "torchrun --standalone --nproc_per_node=2 train_examples/accumulation_sweep.py"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -111,7 +127,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="each run writes a new version_N/ here: results, plot and TensorBoard runs "
                              "(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and data order (default: %(default)s)")
+    parser.add_argument("--allow-single-process", action="store_true",
+                        help="run even with one process (no communication between ranks to measure)")
     args = parser.parse_args(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1 and not args.allow_single_process:
+        parser.exit(2, "accumulation_sweep.py: this measures communication between ranks, but only 1 process runs: "
+                       f"launch it with `{LAUNCH}` (or pass --allow-single-process to time one process anyway)\n")
     args.accumulate = parse_accumulate(parser, args.accumulate)
     for name in ("steps", "rounds"):
         if getattr(args, name) < 1:
@@ -165,7 +186,7 @@ def warm_up(args: argparse.Namespace) -> None:
     k = args.accumulate[-1]
     strategy = RingDDPStrategy(args.algorithm, bucket_cap_mb=args.bucket_cap_mb)
     trainer = make_trainer(args, k, args.warmup_fit_steps, logger=False, callbacks=[], strategy=strategy)
-    trainer.fit(model_from_args(args), make_dataloader(seq_len=args.seq_len, micro_batch=args.micro_batch, seed=args.seed))
+    fit_or_interrupt(trainer, model_from_args(args), make_dataloader(seq_len=args.seq_len, micro_batch=args.micro_batch, seed=args.seed))
 
 
 def measured_steps(args: argparse.Namespace, k: int) -> int:
@@ -185,7 +206,9 @@ def train_once(args: argparse.Namespace, k: int, round_index: int, run_dir: Path
     logger = TensorBoardLogger(run_dir, name="", version=run_name, default_hp_metric=False)
     trainer = make_trainer(args, k, args.warmup_steps + measured_steps(args, k), logger=logger,
                            callbacks=[throughput, CommTimingLogger(print_advice=False)], strategy=strategy)
-    trainer.fit(model_from_args(args), make_dataloader(seq_len=args.seq_len, micro_batch=args.micro_batch, seed=args.seed))
+    fit_or_interrupt(trainer, model_from_args(args), make_dataloader(seq_len=args.seq_len, micro_batch=args.micro_batch, seed=args.seed))
+    if trainer.is_global_zero:  # what `ddp-ring-hooks advise` reads, beside the run's events
+        save_timeline(strategy.hook_state, logger.log_dir)
 
     measured = throughput.summarize(skip_steps=args.warmup_steps)
     comm = [r for r in memory.records if r.step > args.warmup_steps]
@@ -220,155 +243,40 @@ def predicted_speedups(strategy: RingDDPStrategy, args: argparse.Namespace) -> d
         return None
 
 
-# -- from rounds to one record per k ---------------------------------------------------------
-
-
-def paired_speedups(runs: dict[tuple[int, int], dict], ks: Sequence[int], rounds: int) -> None:
-    """Add each run's ``speedup``: its samples/s over the smallest k's *in the same round*.
-
-    Paired within a round, the ratio cancels the load both runs shared; the smallest k's own
-    per-round speedup is therefore exactly 1."""
-    for r in range(rounds):
-        baseline = runs[r, ks[0]]["samples_per_s"]
-        for k in ks:
-            runs[r, k]["speedup"] = runs[r, k]["samples_per_s"] / baseline
-
-
-def combine_rounds(runs: list[dict], args: argparse.Namespace) -> dict:
-    """One record per k: the median over rounds of every timing, their spread, the settings."""
-    median = {name: statistics.median(run[name] for run in runs) for name in
-              ("samples_per_s", "step_ms", "comm_ms_per_optimizer_step", "exposed_comm_ms_per_optimizer_step",
-               "speedup")}
-    by_round = {name: [run[name] for run in runs] for name in ("samples_per_s", "speedup")}
-    first = runs[0]
-    return {
-        "accumulate_grad_batches": first["accumulate_grad_batches"],
-        **median,
-        "tokens_per_s": median["samples_per_s"] * args.seq_len,
-        "comm_fraction": median["comm_ms_per_optimizer_step"] / median["step_ms"],
-        "samples_per_s_by_round": by_round["samples_per_s"],
-        "samples_per_s_spread": [min(by_round["samples_per_s"]), max(by_round["samples_per_s"])],
-        "speedup_by_round": by_round["speedup"],
-        "speedup_spread": [min(by_round["speedup"]), max(by_round["speedup"])],
-        "rounds": len(runs),
-        "measured_steps": first["measured_steps"],
-        "micro_batches": (args.warmup_steps + first["measured_steps"]) * first["accumulate_grad_batches"],  # per rank, trained
-        "micro_batch": args.micro_batch,
-        "buckets_per_step": first["buckets_per_step"],
-        "world_size": first["world_size"],
-        "algorithm": args.algorithm,
-        "comm_hook": first["comm_hook"],
-        "final_loss": first["final_loss"],
-        "warnings": [],
-    }
-
-
-def agreement_warnings(records: list[dict], *, tolerance: float) -> list[str]:
-    """What the rounds do not agree on, in words; also added to each record it concerns.
-
-    - Two settings whose per-round ratio (paired, same round) is above 1 in one round and
-      below 1 in another: which of them is faster is uncertain.
-    - A speedup whose rounds spread by more than +-``tolerance`` of their median.
-    - One round only: no spread, so nothing can be said about agreement.
-    """
-    warnings: list[str] = []
-    if records and records[0]["rounds"] < 2:
-        warnings.append("one round only: no spread to judge agreement by; use --rounds 3 or more")
-        return warnings
-    for i, low in enumerate(records):
-        for high in records[i + 1:]:
-            ratios = [b / a for a, b in zip(low["samples_per_s_by_round"], high["samples_per_s_by_round"])]
-            if min(ratios) < 1 < max(ratios):
-                k_low, k_high = low["accumulate_grad_batches"], high["accumulate_grad_batches"]
-                text = (f"ORDER UNCERTAIN: k={k_high} vs k={k_low} was {min(ratios):.2f}x-{max(ratios):.2f}x "
-                        f"across rounds; the rounds disagree on which is faster")
-                warnings.append(text)
-                low["warnings"].append(text)
-                high["warnings"].append(text)
-    for record in records[1:]:
-        low, high = record["speedup_spread"]
-        median = record["speedup"]
-        if (high - low) / 2 > tolerance * median:
-            text = (f"NOISY: k={record['accumulate_grad_batches']} speedup ranged {low:.2f}x-{high:.2f}x over "
-                    f"{record['rounds']} rounds, more than +-{tolerance:.0%} of its median {median:.2f}x")
-            warnings.append(text)
-            record["warnings"].append(text)
-    return warnings
-
-
 # -- output ------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Column:
-    """One column of the printed table: its header and how a record becomes its cell."""
+def log_hparams(logger: TensorBoardLogger, run: dict, params: dict, *, differing: set[str], experiment: bool) -> None:
+    """Write one run's setting (``params``) and results into its TensorBoard run (HParams tab).
 
-    header: str
-    cell: Callable[[dict], str]
+    TensorBoard's HParams tab reads its columns from one *experiment* summary (Lightning's
+    ``log_hyperparams`` writes one per run, each saying that no hparam ``differs``). Here one
+    run (``experiment=True``) carries the sweep's experiment, with ``differs`` set for the
+    hparams in ``differing`` (k first of all), and every run its own values."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+    from torch.utils.tensorboard.summary import hparams
 
-
-def table_columns(records: list[dict]) -> list[Column]:
-    """The printed table's columns. The place to add more, e.g. a *predicted* speedup next to
-    the measured one: append a Column whose ``cell`` reads a key set on each record before
-    :func:`print_table` runs (see :func:`add_predictions`)."""
-    baseline = records[0]["accumulate_grad_batches"]
-    spread = records[0]["rounds"] > 1
-    columns = [
-        Column("k", lambda r: f"{r['accumulate_grad_batches']}"),
-        Column("samples/s", lambda r: f"{r['samples_per_s']:.1f}"),
-    ]
-    if spread:
-        columns.append(Column("rounds", lambda r: "{:.0f}-{:.0f}".format(*r["samples_per_s_spread"])))
-    columns += [
-        Column("tokens/s", lambda r: f"{r['tokens_per_s']:.0f}"),
-        Column("step ms", lambda r: f"{r['step_ms']:.1f}"),
-        Column("comm ms/step", lambda r: f"{r['comm_ms_per_optimizer_step']:.2f}"),
-        Column("exposed ms", lambda r: f"{r['exposed_comm_ms_per_optimizer_step']:.2f}"),
-        Column("comm share", lambda r: f"{r['comm_fraction']:.1%}"),
-        Column(f"speedup vs k={baseline}", lambda r: f"{r['speedup']:.2f}x"),
-    ]
-    if spread:
-        columns.append(Column("rounds", lambda r: "{:.2f}-{:.2f}x".format(*r["speedup_spread"])))
-    if any("predicted_speedup" in r for r in records):
-        columns.append(Column("predicted", lambda r: f"{r['predicted_speedup']:.2f}x" if "predicted_speedup" in r else "-"))
-        columns.append(Column("error", lambda r: f"{r['predicted_error']:+.0%}" if "predicted_error" in r else "-"))
-    return columns
+    metrics = {f"sweep/{name}": run[name] for name in ("samples_per_s", "comm_ms_per_optimizer_step", "speedup")}
+    metrics["sweep/comm_fraction"] = run["comm_ms_per_optimizer_step"] / run["step_ms"]
+    summary, session_start, session_end = hparams(params, metrics)
+    writer = logger.experiment._get_file_writer()  # as Lightning's own log_hyperparams does
+    if experiment:
+        value = summary.value[0]
+        data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+        for info in data.experiment.hparam_infos:
+            info.differs = info.name in differing
+        value.metadata.plugin_data.content = data.SerializeToString()
+        writer.add_summary(summary)
+    writer.add_summary(session_start)
+    writer.add_summary(session_end)
+    logger.log_metrics(metrics, step=0)
+    logger.log_hyperparams(params)  # hparams.yaml only (no metrics: nothing more in the events)
+    logger.finalize("success")
 
 
-def add_predictions(records: list[dict], runs: dict[tuple[int, int], dict], args: argparse.Namespace) -> None:
-    """Set each record's ``predicted_speedup``: the median over rounds of what the advisor
-    predicted from that round's smallest-k run (see :func:`ddp_ring_hooks.advisor.accumulation_speedups`),
-    and ``predicted_error`` against the measured speedup. The table and ``results.json`` show both."""
-    forecasts = [runs[r, args.accumulate[0]]["predicted_speedups"] for r in range(args.rounds)]
-    forecasts = [f for f in forecasts if f]
-    for record in records:
-        k = record["accumulate_grad_batches"]
-        if forecasts:
-            record["predicted_speedup"] = statistics.median(f[k] for f in forecasts)
-            record["predicted_error"] = record["predicted_speedup"] / record["speedup"] - 1
-
-
-def format_table(records: list[dict], warnings: list[str]) -> str:
-    columns = table_columns(records)
-    cells = [[c.header for c in columns]] + [[c.cell(r) for c in columns] for r in records]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in cells]
-    if records[0]["rounds"] > 1:
-        lines.append(f"(median of {records[0]['rounds']} rounds; 'rounds' = lowest-highest round; speedups "
-                     f"paired within each round; measured optimizer steps per setting: "
-                     + ", ".join(f"k={r['accumulate_grad_batches']}: {r['measured_steps']}" for r in records) + ")")
-    if warnings:
-        lines.append("")
-        lines += [f"WARNING: {text}" for text in warnings]
-    if warnings and records[0]["rounds"] > 1:
-        lines.append("These rounds do not agree: rerun with more --rounds or --steps, on a quieter machine, "
-                     "before trusting the numbers above.")
-    return "\n".join(lines)
-
-
-def log_hparams(logger: TensorBoardLogger, run: dict, args: argparse.Namespace) -> None:
-    """Write one run's setting and results into its TensorBoard run (HParams tab)."""
-    params = {
+def hparams_of(run: dict, args: argparse.Namespace) -> dict:
+    """The HParams tab's columns for one run."""
+    return {
         "accumulate_grad_batches": run["accumulate_grad_batches"],
         "round": run["round"],
         "micro_batch": args.micro_batch,
@@ -378,10 +286,6 @@ def log_hparams(logger: TensorBoardLogger, run: dict, args: argparse.Namespace) 
         "bucket_cap_mb": args.bucket_cap_mb,
         "seq_len": args.seq_len,
     }
-    metrics = {f"sweep/{name}": run[name] for name in ("samples_per_s", "comm_ms_per_optimizer_step", "speedup")}
-    metrics["sweep/comm_fraction"] = run["comm_ms_per_optimizer_step"] / run["step_ms"]
-    logger.log_hyperparams(params, metrics)
-    logger.finalize("success")
 
 
 def save_plot(records: list[dict], path: Path) -> None:
@@ -444,35 +348,64 @@ def shared_run_dir(output: Path, rank_zero: bool) -> Path:
     return Path(chosen[0]) if chosen[0] else next_run_dir(output)
 
 
-def main(argv: list[str] | None = None) -> None:
+def discard_partial_run(run_dir: Path | None, *, rank_zero: bool, done: int, total: int) -> None:
+    """After Ctrl-C: remove the run directory (TensorBoard would list its fits beside complete
+    runs, and its results would be missing) and say so in one line."""
+    if not rank_zero:
+        return
+    if run_dir is None:
+        print("\ninterrupted during the warm-up fit: nothing was written")
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    print(f"\ninterrupted after {done} of {total} fits: removed the partial run {run_dir}")
+
+
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     quiet_lightning()
     rank_zero = int(os.environ.get("RANK", "0")) == 0
+    start = MachineLoad.now()
+    warn_if_oversubscribed(args.accelerator)
 
-    warm_up(args)
-    run_dir = shared_run_dir(Path(args.output_dir), rank_zero)
     # Alternate the order (1,2,4,8 then 8,4,2,1, ...): a shared machine's load drifts, and
     # alternating spreads the drift over all settings instead of penalizing the last ones.
     order = [(r, k) for r in range(args.rounds) for k in (args.accumulate if r % 2 == 0 else args.accumulate[::-1])]
-    trained = {(r, k): train_once(args, k, r, run_dir)
-               for r, k in tqdm(order, desc="accumulation runs", disable=not rank_zero)}
+    run_dir, trained = None, {}
+    try:
+        warm_up(args)
+        run_dir = shared_run_dir(Path(args.output_dir), rank_zero)
+        for r, k in tqdm(order, desc="accumulation runs", disable=not rank_zero):
+            trained[r, k] = train_once(args, k, r, run_dir)
+    except KeyboardInterrupt:
+        discard_partial_run(run_dir, rank_zero=rank_zero, done=len(trained), total=len(order))
+        return 130  # the shell's code for "ended by Ctrl-C"
     runs = {key: run for key, (run, _) in trained.items()}
     paired_speedups(runs, args.accumulate, args.rounds)
-    records = [combine_rounds([runs[r, k] for r in range(args.rounds)], args) for k in args.accumulate]
+    settings = {"micro_batch": args.micro_batch, "algorithm": args.algorithm}
+    records = [combine_rounds([runs[r, k] for r in range(args.rounds)], settings=settings,
+                              tokens_per_sample=args.seq_len, warmup_steps=args.warmup_steps)
+               for k in args.accumulate]
     warnings = agreement_warnings(records, tolerance=args.tolerance)
-    add_predictions(records, runs, args)
-    for key, (_, logger) in trained.items():
-        log_hparams(logger, runs[key], args)
-
-    if rank_zero:
+    add_predictions(records, [runs[r, args.accumulate[0]]["predicted_speedups"] for r in range(args.rounds)])
+    end = MachineLoad.now()
+    if rank_zero:  # Lightning's TensorBoard logger writes on rank 0 only
+        params = {key: hparams_of(run, args) for key, run in runs.items()}
+        differing = {name for name in next(iter(params.values())) if len({str(p[name]) for p in params.values()}) > 1}
+        for index, (key, (_, logger)) in enumerate(trained.items()):
+            log_hparams(logger, runs[key], params[key], differing=differing, experiment=index == 0)
+        machine = load_record(start, end)
+        for record in records:
+            record["machine"] = machine
         (run_dir / RESULTS_FILE).write_text(json.dumps(records, indent=2) + "\n")
         save_plot(records, run_dir / PLOT_FILE)
         print("\n" + format_table(records, warnings))
+        print(describe_load(start, end, own_processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         print(f"\nwrote {run_dir / RESULTS_FILE}, {run_dir / PLOT_FILE}; "
-              f"TensorBoard: tensorboard --logdir {run_dir}")
+              f"TensorBoard: tensorboard --logdir {run_dir}; advice: ddp-ring-hooks advise {run_dir}")
     if dist.is_initialized():
         dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

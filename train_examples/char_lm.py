@@ -22,6 +22,7 @@ per step, as in real training.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import math
 import os
@@ -34,6 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+
+from ddp_ring_hooks.machine import oversubscription_warning
+from ddp_ring_hooks.telemetry.timeline import TIMELINE_FILE
 
 # Standard-library modules whose source is the training text, in this order.
 CORPUS_MODULES = (
@@ -214,6 +218,36 @@ def torchrun_placement(accelerator: str = "auto") -> dict[str, object]:
                   f"process: training on CPU (gloo). Launch with --nproc_per_node={gpus} for the GPUs.",
                   flush=True)
     return {"accelerator": accelerator, "devices": local, "num_nodes": world // local}
+
+
+def warn_if_oversubscribed(accelerator: str = "auto") -> None:
+    """On rank 0, say what more CPU processes than cores do to the numbers (nothing on GPUs)."""
+    crowded = oversubscription_warning(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    if crowded and os.environ.get("RANK", "0") == "0" and torchrun_placement(accelerator)["accelerator"] == "cpu":
+        print(crowded, flush=True)
+
+
+def fit_or_interrupt(trainer: pl.Trainer, *args, **kwargs) -> None:
+    """``trainer.fit``, where Ctrl-C comes out as ``KeyboardInterrupt``: Lightning catches it,
+    shuts the fit down and raises ``SystemExit(1)``, which a caller cannot tell from a failure."""
+    try:
+        trainer.fit(*args, **kwargs)
+    except SystemExit:
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
+
+
+def save_timeline(state, directory: str | os.PathLike) -> Path:
+    """Write the hook state's timeline (its last ``keep`` steps) as ``directory/timeline.jsonl``,
+    the file ``ddp-ring-hooks advise DIRECTORY`` reads.
+
+    The strategy takes no ``log_dir`` here: with one, the hook would write its own ``comm/*``
+    events beside the ones ``CommTimingLogger`` puts into the Trainer's run."""
+    path = Path(directory) / TIMELINE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(record, separators=(",", ":")) + "\n" for record in state.timeline.records()))
+    return path
 
 
 def quiet_lightning() -> None:

@@ -8,6 +8,8 @@ Launch (CPU/gloo by default, NCCL when every rank has a GPU)::
 Each rank trains a small MLP on its own synthetic regression data; DDP averages gradients
 through ``ddp_ring_hooks.ring_hook``. Rank 0 prints the backend, the attached hook (as DDP
 itself reports it) and the loss, and at the end checks that every rank holds the same weights.
+The hook's TensorBoard events and timeline go to ``--log-dir`` (``tensorboard --logdir
+runs/ddp_ring``, ``ddp-ring-hooks advise runs/ddp_ring``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import ddp_ring_hooks
-from ddp_ring_hooks.runtime.names import accepted_algorithms
+from ddp_ring_hooks import accepted_algorithms
+from ddp_ring_hooks.machine import oversubscription_warning
 
 
 def parse_args() -> argparse.Namespace:
@@ -33,6 +36,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=512, help="hidden layer width (default: %(default)s)")
     parser.add_argument("--bucket-cap-mb", type=float, default=1.0,
                         help="DDP bucket size in MiB; smaller gives more buckets (default: %(default)s)")
+    parser.add_argument("--log-dir", default="runs/ddp_ring",
+                        help="the hook's TensorBoard events and timeline (default: %(default)s)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="process-group backend; auto = nccl when this node has a GPU for every "
                              "process (NCCL refuses two ranks on one GPU), else gloo")
@@ -53,6 +58,9 @@ def main() -> None:
     else:
         device = torch.device("cpu")
         torch.set_num_threads(1)  # ranks share the machine's cores
+        crowded = oversubscription_warning(processes)
+        if crowded and local_rank == 0:
+            print(crowded, flush=True)
     dist.init_process_group(backend)
     rank, world_size = dist.get_rank(), dist.get_world_size()
 
@@ -63,7 +71,7 @@ def main() -> None:
         torch.nn.Linear(args.width, 1),
     ).to(device)
     ddp_model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-    state = ddp_ring_hooks.register(ddp_model, algorithm=args.algorithm)
+    state = ddp_ring_hooks.register(ddp_model, algorithm=args.algorithm, log_dir=args.log_dir)
     optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=1e-3)
 
     generator = torch.Generator(device=device).manual_seed(1234 + rank)  # each rank its own data

@@ -4,12 +4,14 @@
 
     {"run": {"world_size", "algorithm", "accumulate", "bucket_cap_mb", "steps", "step_ms",
              "compute_ms", "comm_ms", "exposed_ms"},
-     "what_if": [{"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup"}, ...],
+     "what_if": [{"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup", "this_run"}, ...],
      "recommendation": {"knob", "value", "speedup", "why"},
      "model": {...}}       # how the numbers were made: network, contention, notes
 
 ``step_ms`` is one optimizer step (all its micro-batches); ``speedup`` is samples per second
-relative to the run; knobs change one at a time from the run's setting. ``run`` holds what
+relative to the run; knobs change one at a time from the run's setting; ``this_run`` marks
+the row of each knob that is the run's own setting (none for ``bucket_cap_mb`` when the run
+used DDP's default cap: an explicit cap of the same size also caps the first bucket). ``run`` holds what
 was measured; ``compute_ms`` is the step minus exposed communication (so it includes the
 optimizer, the training loop and the contention of hidden communication).
 """
@@ -46,11 +48,13 @@ def world_sizes(p: int) -> list[int]:
 
 
 def what_if(model: StepModel) -> list[dict]:
-    """One row per (knob, value), changing one knob from the run's setting."""
+    """One row per (knob, value), changing one knob from the run's setting; the run's own
+    bucket cap and k are among the values."""
     here = run_setting(model.profile)
+    caps = sorted({*BUCKET_CAPS_MB, *([_plain_number(here.bucket_cap_mb)] if here.bucket_cap_mb is not None else [])})
     variants: list[tuple[str, object, Setting]] = []
-    variants += [("bucket_cap_mb", v, replace(here, bucket_cap_mb=float(v))) for v in BUCKET_CAPS_MB]
-    variants += [("accumulate", v, replace(here, accumulate=v)) for v in ACCUMULATE]
+    variants += [("bucket_cap_mb", v, replace(here, bucket_cap_mb=float(v))) for v in caps]
+    variants += [("accumulate", v, replace(here, accumulate=v)) for v in sorted({*ACCUMULATE, here.accumulate})]
     # Another algorithm takes its own options' defaults (and the run's LOCAL_WORLD_SIZE), not the run's.
     variants += [("algorithm", a, replace(here, algorithm=a, algorithm_options=())) for a in algorithm_names()]
     variants += [("world_size", p, replace(here, world_size=p)) for p in world_sizes(here.world_size)]
@@ -63,8 +67,14 @@ def what_if(model: StepModel) -> list[dict]:
         rows.append({
             "knob": knob, "value": value, "step_ms": prediction.step_ms, "comm_ms": prediction.comm_ms,
             "exposed_ms": prediction.exposed_ms, "speedup": model.speedup(setting),
+            "this_run": _is_run(model, knob, value),
         })
     return rows
+
+
+def _plain_number(value: float) -> int | float:
+    """2.0 -> 2 (as the table's other caps read); 0.5 stays 0.5."""
+    return int(value) if float(value).is_integer() else value
 
 
 #: Accumulation is recommended at its knee: the smallest k with this share of the largest gain.
@@ -85,7 +95,7 @@ def recommend(model: StepModel, rows: Sequence[dict]) -> dict:
     p = model.profile
     exposed_share = p.exposed_ms / p.step_ms
     contention_share = p.contention_ms / p.step_ms
-    candidates = [r for r in rows if r["knob"] != "world_size" and not _is_run(model, r)]
+    candidates = [r for r in rows if r["knob"] != "world_size" and not r["this_run"]]
     free = max((r for r in candidates if r["knob"] != "accumulate"), key=lambda r: r["speedup"], default=None)
     more = [r for r in candidates if r["knob"] == "accumulate" and r["value"] > p.accumulate]
     top = max(more, key=lambda r: r["speedup"], default=None)
@@ -118,13 +128,13 @@ def recommend(model: StepModel, rows: Sequence[dict]) -> dict:
     return {"knob": knob, "value": value, "speedup": best["speedup"], "why": why}
 
 
-def _is_run(model: StepModel, row: dict) -> bool:
+def _is_run(model: StepModel, knob: str, value) -> bool:
+    """Whether ``knob=value`` is the run's own setting (an explicit bucket cap never is the
+    default one: it also caps the first bucket)."""
     p = model.profile
-    return (
-        (row["knob"] == "accumulate" and row["value"] == p.accumulate)
-        or (row["knob"] == "algorithm" and row["value"] == p.algorithm)
-        or (row["knob"] == "bucket_cap_mb" and not p.default_bucket_cap and row["value"] == p.bucket_cap_mb)
-    )
+    own = {"accumulate": p.accumulate, "algorithm": p.algorithm, "world_size": p.world_size,
+           "bucket_cap_mb": None if p.default_bucket_cap else _plain_number(p.bucket_cap_mb)}
+    return own[knob] == value
 
 
 def advise(records: Sequence[dict], *, network: Network | None = None) -> dict:
@@ -184,8 +194,16 @@ def format_advice(advice: dict) -> str:
             continue
         lines.append(f"{title:<44} {'step ms':>9} {'comm ms':>9} {'exposed':>9} {'speedup':>8}")
         for r in rows:
-            lines.append(f"  {str(r['value']):<42} {r['step_ms']:>9.1f} {r['comm_ms']:>9.1f} "
+            value = f"{r['value']:g}" if isinstance(r["value"], float) else str(r["value"])
+            label = f"{value} (this run)" if r.get("this_run") else value
+            lines.append(f"  {label:<42} {r['step_ms']:>9.1f} {r['comm_ms']:>9.1f} "
                          f"{r['exposed_ms']:>9.1f} {r['speedup']:>7.2f}x")
+        same_size = [r for r in rows if knob == "bucket_cap_mb" and model["default_bucket_cap"]
+                     and r["value"] == run["bucket_cap_mb"]]
+        if same_size:
+            size = f"{run['bucket_cap_mb']:g}"
+            lines.append(f"  ({size} is bucket_cap_mb={size} given explicitly, not this run: an explicit cap also "
+                         f"makes the first bucket {size} MB, where DDP's default starts with a 1 MiB one)")
         lines.append("")
     rec = advice["recommendation"]
     if rec["knob"] is None:

@@ -8,15 +8,23 @@ accumulation, algorithm, world size) and the one change with the largest predict
     ddp-ring-hooks advise runs/ring --network bench.json              # `bench --json` of the target cluster
     ddp-ring-hooks advise runs/ring --latency 5us --bandwidth 25GB/s  # or two numbers
     ddp-ring-hooks advise runs/ring --json                            # the stable JSON shape
+
+A directory of several runs (the main job's ``runs/accumulation_sweep/version_N``, one run
+per k and round) is listed, and the first run in it is advised on; pass one run's directory
+for another.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import sys
+from pathlib import Path
 
 from ..advisor import advise, format_advice, from_bench, from_latency_bandwidth
-from ..telemetry.timeline import read_timeline
+from ..telemetry.timeline import TIMELINE_FILE, read_timeline
 from . import fail
 from .model import parse_bandwidth, parse_time
 
@@ -58,10 +66,33 @@ def network_from_args(args: argparse.Namespace):
     return None
 
 
+def runs_inside(log_dir: str) -> list[Path]:
+    """The run directories below ``log_dir`` that hold a timeline, in natural order
+    (``accumulate_2`` before ``accumulate_10``); empty where ``log_dir`` is one run itself."""
+    top = Path(log_dir)
+    if not top.is_dir() or (top / TIMELINE_FILE).exists():
+        return []
+    found = [path.parent for path in top.rglob(TIMELINE_FILE)]
+    return sorted(found, key=lambda p: [int(part) if part.isdigit() else part
+                                        for part in re.split(r"(\d+)", p.relative_to(top).as_posix())])
+
+
+def chosen_run(log_dir: str) -> str:
+    """``log_dir``, or the first run inside it, after listing them all (on stderr, so that
+    ``--json`` stays one JSON document)."""
+    inside = runs_inside(log_dir)
+    if not inside or all(p.name.startswith("group_") and p.parent == Path(log_dir) for p in inside):
+        return log_dir  # one run, or one per process group (read_timeline says which to pick)
+    names = [os.path.relpath(p, log_dir) for p in inside]
+    print(f"{log_dir} holds {len(inside)} runs with a timeline: {', '.join(names)}\n"
+          f"advising on the first, {inside[0]} (pass another run's directory for it)\n", file=sys.stderr)
+    return str(inside[0])
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the advice; 0, or 2 with a message when the input cannot be used."""
     try:
-        advice = advise(read_timeline(args.log_dir), network=network_from_args(args))
+        advice = advise(read_timeline(chosen_run(args.log_dir)), network=network_from_args(args))
     except (ValueError, OSError, KeyError, TypeError) as error:  # a file that is not what it should be
         return fail("advise", f"{type(error).__name__}: {error}" if isinstance(error, KeyError | TypeError) else str(error))
     print(json.dumps(advice, indent=1) if args.json else format_advice(advice))

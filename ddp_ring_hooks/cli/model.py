@@ -201,10 +201,13 @@ def explain(nbytes: float, world_sizes: list[int], params: dict, given: Mapping[
     smallest = predict("ring", nbytes, max(low, 2), **params)
     growth = predict("ring", nbytes, high, **params) / smallest if smallest > 0 else 1.0
     if growth < 1.5:  # bandwidth-bound: the lesson of the article's table
+        # The table's cells are the whole time: say how the two parts named here add up to them.
+        total = {p: format_seconds(predict("ring", nbytes, p, **params)) for p in (low, high)}
         ring_line = (
             f"ring barely grows with p: each rank sends 2(p-1)/p of the buffer, {sent[low]} at p={low} and "
             f"{sent[high]} at p={high}, never more than 2n/B = {format_seconds(2 * nbytes * beta)}; only its "
-            f"latency 2(p-1)*alpha grows linearly, {latency[low]} -> {latency[high]}."
+            f"latency 2(p-1)*alpha grows linearly, {latency[low]} -> {latency[high]}. The table adds "
+            f"{'latency and reduction' if gamma else 'the two'}: {total[low]} at p={low}, {total[high]} at p={high}."
         )
     else:  # latency-bound: say so, the table shows it
         ring_line = (

@@ -297,6 +297,9 @@ def count_leading_dimension(batch: Any) -> int:
 class ThroughputLogger(pl.Callback):
     """Log samples/s (and tokens/s) of every optimizer step; keep this fit's steps in :attr:`history`.
 
+    Not Lightning's ``ThroughputMonitor``: it synchronizes CUDA after every micro-batch (hiding
+    the overlap being measured), logs only once a 100-batch window is full, and keeps no steps.
+
     A step's time runs from the end of the previous optimizer step to the end of this one
     (data loading, all its micro-batches, communication and the optimizer included). On CUDA
     the step ends when the GPU gets there: a timing event is recorded on the current stream

@@ -27,9 +27,10 @@ def all_reduce(
     ``algorithm``: a schedule (:data:`ddp_ring_hooks.ALGORITHMS`), ``"native"`` (the group's
     own ``all_reduce``) or ``"auto"`` (per size, the candidate a calibrated cost model predicts
     fastest; the first call with given options probes every candidate, collectively, and is
-    remembered per group; options ``candidates=``, ``local_size=``, ``segments=``,
-    ``calibration=``, as for the hook). Other options are the algorithm's own (``segments=``,
-    ``local_size=``, ``ring_order=``, ...: its registry record lists them).
+    remembered per group; its own options ``candidates=`` and ``calibration=``, and every
+    algorithm's, for the candidates that take them, as for the hook). Other options are the
+    algorithm's own (``segments=``, ``local_size=``, ``ring_order=``, ...: its registry record
+    lists them).
 
     Every rank ends with bit-identical values. Any shape and element count works (including
     0 and fewer elements than ranks); the sum happens in the tensor's dtype. On CUDA with NCCL

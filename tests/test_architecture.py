@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "machine": set(),
     "links": set(),
     "runtime": {"schedules", "cost_model", "links"},
-    "telemetry": {"runtime", "schedules", "cost_model"},
+    "telemetry": {"runtime", "schedules", "cost_model", "links"},
     "viz": {"schedules", "cost_model", "progress"},
     "advisor": {"schedules", "cost_model", "telemetry"},
     "hooks": {"schedules", "cost_model", "runtime", "telemetry", "advisor"},

@@ -315,3 +315,75 @@ def test_a_rank_late_for_compute_is_the_straggler_and_no_link_is_blamed(flat_lab
     assert straggler_line.startswith("stragglers: rank 1 arrived last in ")
     assert all(step["named"] == [] for step in first["steps"]), first["steps"]
     assert links_line.startswith("links: no slow link: median ")
+
+
+# -- CUDA / NCCL (written from PyTorch's stream rules; skipped where there is no GPU) ------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_marks_are_events_on_the_side_stream_read_later_without_a_host_sync():
+    import torch
+
+    from ddp_ring_hooks.telemetry.link_timing import _TransferLog
+    from ddp_ring_hooks.telemetry.timer import CudaTimer
+
+    device = torch.device("cuda", 0)
+    timer = CudaTimer(device)
+    log = _TransferLog(timer)
+    side = torch.cuda.Stream(device)
+    work = torch.randn(2048, 2048, device=device)
+    torch.cuda.synchronize(device)
+    torch.cuda.set_sync_debug_mode("error")  # what the executor does on the side stream: no sync
+    try:
+        with torch.cuda.stream(side):
+            posted = log.transfer_clock()
+            for _ in range(4):
+                work = work @ work.T / 2048  # stands for the transfer: milliseconds of kernels
+            log.on_transfers(0, posted, [(1, 100)], [(1, 100)], [log.transfer_clock()])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    [(posted_ms, sends, receives, [landed_ms])] = log.read(offset=0.0)  # polls event.query(), never waits
+    assert sends == receives == [(1, 100)]
+    assert 0.0 < landed_ms - posted_ms < 10_000.0
+
+
+def _links_on_nccl(rank: int, world_size: int) -> dict:
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ddp_ring_hooks
+    from ddp_ring_hooks.telemetry import MemorySink
+
+    device = torch.device("cuda", rank)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024)).to(device)
+    model = DDP(net, device_ids=[rank], bucket_cap_mb=1)
+    memory = MemorySink()
+    state = ddp_ring_hooks.register(model, sinks=[memory], spread_every=1, links=True, check_layout_steps=2)
+    batches = [torch.randn(32, 1024, device=device) for _ in range(6)]
+    for batch in batches[:2]:  # DDP's own first iterations (bucket rebuild) may sync
+        model(batch).sum().backward()
+    torch.cuda.synchronize(device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for batch in batches[2:]:
+            model(batch).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    state.close()
+    return {"links": memory.links[-1].links, "numels": [b.numel for b in memory.records[-1].buckets],
+            "steps": [r.step for r in memory.links]}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(__import__("torch").cuda.device_count() < 2, reason="needs 2 CUDA GPUs and NCCL")
+def test_links_on_nccl_are_timed_with_their_bytes_and_no_host_sync():
+    # NCCL for the buckets, gloo for the exchange after the step (its messages are CPU tensors).
+    results = run_ranks(_links_on_nccl, 2, timeout=600, backend="cpu:gloo,cuda:nccl")
+    first = results[0]
+    assert first["steps"] == list(range(1, 7))
+    expected = _schedule_bytes("ring", {}, 2, first["numels"])
+    assert {link: nbytes for link, (nbytes, _) in first["links"].items()} == expected
+    assert all(busy > 0 for _, busy in first["links"].values())
+    assert results[1]["links"] == first["links"]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 import time
 import weakref
 from collections import defaultdict, deque
@@ -60,7 +61,9 @@ class LinkTiming(Watcher):
 
     def __init__(self, recorder) -> None:
         self.recorder = recorder
-        self._logs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BucketWatch -> _TransferLog
+        # BucketWatch -> _TransferLog; weak: a step whose exchange never runs takes its logs along.
+        self._logs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()  # the hook thread adds logs while the exchange worker takes them
         self._recent: dict[tuple[int, int], deque[LinkSample]] = {}
         self._native_only = True  # every bucket timed so far ran native
 
@@ -74,7 +77,9 @@ class LinkTiming(Watcher):
         if not self._times(bucket.step):
             return None
         self._native_only &= bucket.algorithm == NATIVE
-        log = self._logs[bucket] = _TransferLog(bucket.timer)
+        log = _TransferLog(bucket.timer)
+        with self._lock:
+            self._logs[bucket] = log
         return log
 
     def exchanges_after(self, step: int) -> bool:
@@ -84,8 +89,9 @@ class LinkTiming(Watcher):
         offset = peers.clocks.offsets_ms[peers.rank]
         posts_to: dict[int, list[float]] = defaultdict(list)  # peer -> my sends' post marks, in order
         arrivals: dict[int, list[tuple[float, float, int]]] = defaultdict(list)  # peer -> (posted, received, bytes)
-        for bucket in step.buckets:  # 1.
-            log = self._logs.pop(bucket, None)
+        with self._lock:
+            logs = [self._logs.pop(bucket, None) for bucket in step.buckets]
+        for log in logs:  # 1.
             for posted, sends, receives, received in log.read(offset) if log is not None else ():
                 for peer, _ in sends:
                     posts_to[peer].append(posted)

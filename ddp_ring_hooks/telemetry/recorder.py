@@ -80,7 +80,8 @@ class Telemetry(Watcher):
     Args:
         options: a :class:`~.options.TelemetryOptions`, or ``None`` and its fields as keywords
             (``log_dir``, ``log_every``, ``trace_steps``, ``per_rank``, ``spread_every``,
-            ``sinks``, ``capacity``, ``summary_window``: what each means is documented there).
+            ``sinks``, ``capacity``, ``summary_window``, ``links``: what each means is documented
+            there).
 
     With no argument it is a null telemetry: nothing is observed and nothing written.
 
@@ -265,7 +266,8 @@ class Telemetry(Watcher):
 
     def summary(self) -> str:
         """The per-bucket summary table of the logged steps so far, as text; with
-        ``spread_every``, a last line on stragglers (:class:`~.stragglers.StragglerTally`)."""
+        ``spread_every``, a line on stragglers (:class:`~.stragglers.StragglerTally`); with
+        ``links=True``, a last line on links (:mod:`.link_timing`)."""
         if not self.enabled and self._writer is None:
             return ("no communication telemetry: pass log_dir=PATH or sinks=[...] to register/HookState "
                     "to record per-bucket timings")

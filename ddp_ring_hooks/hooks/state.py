@@ -339,7 +339,8 @@ class HookState:
 
     def summary(self) -> str:
         """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw),
-        and a line naming the rank that kept the others waiting (with ``spread_every``)."""
+        a line naming the rank that kept the others waiting (with ``spread_every``), and one
+        naming a slow link or network (with ``links=True``)."""
         return self.telemetry.summary()
 
     def advise(self, **options) -> dict:

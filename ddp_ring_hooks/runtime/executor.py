@@ -13,6 +13,9 @@ the chunk as it was before the step, exactly as the schedule's in-memory replay 
   tails are allowed, and empty chunks send nothing (both ends know the sizes, so they agree).
 - A copy lands directly in the chunk; a reduce lands in a scratch buffer first.
 - Reductions happen in the buffer's own dtype, as NCCL does.
+- Per-link timing (an observer with a ``transfer_clock``, see :mod:`.observer`): each unit is
+  marked as it is posted and each receive as it lands, receives waited for before sends, and
+  the observer hears of the unit's transfers. Without such an observer none of it runs.
 - ``divisor`` averages instead of summing: each rank's contribution is divided by it *before*
   it is summed (so fp16 sums cannot overflow, as in PyTorch's ``allreduce_hook``), fused into
   the first pass over each chunk: a chunk about to be sent first is divided in place; a chunk
@@ -142,6 +145,7 @@ class _Execution:
         self.tag = tag
         self.observer = observer
         self.pieces = flat.split(program.piece_sizes)
+        self.element_size = flat.element_size()
         # Scratch is reused (see the module docstring): a fresh buffer of tens of MB costs a
         # page fault per 4 KB on every call on CPU, an allocator round trip per bucket on CUDA.
         numel = program.scratch_numel
@@ -160,15 +164,22 @@ class _Execution:
         # that (measured: 4 ranks x 64 KB took 30 ms per call instead of 10 ms).
         retired: list[list[dist.Work]] = []
         pieces, divisor = self.pieces, self.divisor
+        clock = self.observer.transfer_clock  # None unless a watcher times each link
+        posted: deque = deque()  # with a clock: each unit in flight's mark as it was posted
         for event in self.program.events:
             if type(event) is Post:
                 for piece in event.unit.divide:
                     pieces[piece].div_(divisor)
+                if clock is not None:
+                    posted.append(clock())
                 in_flight.append(self.start(self, event.unit))
                 retired.clear()
             elif type(event) is Complete:
                 works = in_flight.popleft()
-                self._wait(event.unit, works)
+                if clock is None:
+                    self._wait(event.unit, works)
+                else:
+                    self._wait_timed(event.unit, works, posted.popleft(), clock)
                 self._land(event)
                 retired.append(works)
             else:
@@ -194,6 +205,31 @@ class _Execution:
             coalesced = len(works) != len(unit.sends) + len(unit.receives)
             raise self._failure(error, unit, 0 if coalesced else position) from error
 
+    def _wait_timed(self, unit: Unit, works: list[dist.Work], posted, clock) -> None:
+        """:meth:`_wait` for per-link timing: the receives first, each marked with ``clock`` as
+        it landed (a receive's time is then not held up by a slow send of the same unit), then
+        the sends; the observer hears of the unit's transfers."""
+        messages = _posting_order(unit)
+        if len(works) != len(messages):  # NCCL coalesced the batch: it completes as one
+            self._wait(unit, works)
+            received = [clock() for _ in unit.receives]
+        else:
+            received = []
+            receives_first = sorted(range(len(works)), key=lambda i: messages[i][0] is not RECEIVE)
+            position = 0
+            try:
+                for position in receives_first:
+                    works[position].wait()
+                    if messages[position][0] is RECEIVE:
+                        received.append(clock())
+            except RuntimeError as error:
+                raise self._failure(error, unit, position) from error
+        sizes, element_size = self.program.piece_sizes, self.element_size
+        self.observer.on_transfers(
+            unit.step, posted, [(m.peer, sizes[m.piece] * element_size) for m in unit.sends],
+            [(m.peer, sizes[m.piece] * element_size) for m in unit.receives], received,
+        )
+
     def _land(self, event: Complete) -> None:
         pieces, divisor = self.pieces, self.divisor
         for landing in event.landings:
@@ -211,10 +247,9 @@ class _Execution:
             self.observer.on_step(step, self.schedule.plan_for(self.rank)[step], self.program.chunk_bytes)
 
     def _failure(self, error: RuntimeError, unit: Unit, position: int) -> StepFailedError:
-        """The error naming the step and the peer of the unit's ``position``-th message (sends
-        first, then receives: the order they are posted and waited for)."""
-        messages = [("send to", m) for m in unit.sends] + [("receive from", m) for m in unit.receives]
-        direction, message = messages[position]
+        """The error naming the step and the peer of the unit's ``position``-th message in
+        :func:`_posting_order` (the order they are posted and waited for)."""
+        direction, message = _posting_order(unit)[position]
         return StepFailedError(
             algorithm=self.schedule.algorithm,
             rank=self.rank,
@@ -226,6 +261,15 @@ class _Execution:
             global_peer=dist.get_global_rank(self.group, message.peer),
             cause=str(error).strip(),
         )
+
+
+RECEIVE, SEND = "receive from", "send to"  # a message's direction, as errors name it
+
+
+def _posting_order(unit: Unit) -> list[tuple[str, Message]]:
+    """A unit's messages as they are posted, each with its direction: sends first, then
+    receives (:func:`_start_on_cpu`, :func:`_start_batched`)."""
+    return [(SEND, m) for m in unit.sends] + [(RECEIVE, m) for m in unit.receives]
 
 
 def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:

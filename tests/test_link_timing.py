@@ -101,7 +101,7 @@ def _train_every_algorithm(rank: int, world_size: int, log_dir: str) -> dict:
         net = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.Linear(300, 64))
         model = DistributedDataParallel(net, bucket_cap_mb=0.05)  # several buckets
         memory = MemorySink()
-        traced = {"log_dir": log_dir, "trace_steps": TRACE_WINDOW} if algorithm == "ring" else {}
+        traced = {"log_dir": log_dir, "trace_steps": TRACE_WINDOW} if (algorithm, options) == ("ring", {}) else {}
         state = ddp_ring_hooks.register(model, algorithm=algorithm, **options, sinks=[memory], spread_every=1,
                                         links=True, **traced)
         for _ in range(3):

@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from ..runtime import ExecutionObserver, combine_observers, run_schedule, worker_for, workers_of
 from ..runtime import cuda_lane as cuda
+from ..runtime import directions
 from ..runtime.collectives import check_device_backend
 from ..runtime.errors import CommunicationError
 from ..runtime.names import NATIVE, check_algorithm_name, has_schedule
@@ -165,6 +166,7 @@ class HookState:
             AutoSelector.probed(self.group, device=device, **_auto_options(options)) if algorithm == AUTO else None
         )
         cuda.prepare(self.group)  # NCCL: the side groups, made while every rank is here
+        directions.prepare(self.group)  # gloo: the second group, one per direction of each pair
         if telemetry is not None and (log_dir is not None or trace_steps is not None or sinks):
             raise ValueError(
                 "pass either telemetry=Telemetry(...) or the telemetry options (log_dir, "

@@ -166,7 +166,7 @@ class HookState:
             AutoSelector.probed(self.group, device=device, **_auto_options(options)) if algorithm == AUTO else None
         )
         cuda.prepare(self.group)  # NCCL: the side groups, made while every rank is here
-        directions.prepare(self.group)  # gloo: the second group, one per direction of each pair
+        directions.prepare(self.group)  # gloo: the upward transport, a socket per direction of each pair
         if telemetry is not None and (log_dir is not None or trace_steps is not None or sinks):
             raise ValueError(
                 "pass either telemetry=Telemetry(...) or the telemetry options (log_dir, "

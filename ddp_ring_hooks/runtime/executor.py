@@ -20,7 +20,7 @@ in the queue behind all of it: the peer's half starts only after this half has c
 link, and the exchange takes up to twice as long on a network. Posted first, the receive's
 answer leaves before any payload and both halves travel at once, as in gloo's own ring
 (``gloo/allreduce.cc`` posts each segment's receive before its send). On CPU the two
-directions of a pair also travel on two gloo groups, the group and its *upward* group
+directions of a pair also travel on two gloo transports, the group and its *upward* one
 (:mod:`~ddp_ring_hooks.runtime.directions`): on one, both payloads of an exchange would take
 turns at one lock, which costs where copies rather than the wire set the pace (loopback).
 
@@ -77,7 +77,7 @@ import torch.distributed as dist
 
 from ..schedules import Op, Schedule
 from .compat import p2p_op
-from .directions import upward_group
+from .directions import upward_transport
 from .errors import StepFailedError
 from .observer import NULL_OBSERVER, ExecutionObserver
 from .program import Complete, Message, Post, Program, Unit, chunk_sizes, program_for
@@ -110,7 +110,7 @@ def run_schedule(
     every rank. NCCL has no tags (one stream orders its work).
     ``slice_bytes`` overrides :data:`SLICE_BYTES` on CPU (tests use it to get many
     slices from small tensors); CUDA tensors always run in one slice.
-    On CPU the first call on a group makes its upward group (collective over the group's
+    On CPU the first call on a group makes its upward transport (collective over the group's
     members, see :mod:`~ddp_ring_hooks.runtime.directions`), unless a hook state made it.
     """
     group_size = dist.get_world_size(group)
@@ -171,7 +171,7 @@ class _Execution:
         self.divisor = _divisor_tensor(flat, divisor) if divisor != 1 else divisor
         self.start = _start_on_cpu if on_cpu else _start_batched
         # Messages from a lower to a higher rank go on it (see runtime/directions.py).
-        self.upward = upward_group(group) if on_cpu else group
+        self.upward = upward_transport(group) if on_cpu else group
 
     def run(self) -> None:
         in_flight: deque[list[dist.Work]] = deque()
@@ -264,7 +264,7 @@ def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
     121 µs per exchange of one element), so they go straight to the process group's
     ``send``/``recv`` (what ``dist.isend``/``dist.irecv`` call after their checks, which
     ``run_schedule`` did once). Peers are ranks of the group, as the group's methods take them.
-    A message from a lower to a higher rank goes on the upward group, the others on the group
+    A message from a lower to a higher rank goes on the upward transport, the others on the group
     (:mod:`~ddp_ring_hooks.runtime.directions`): both ends of a message pick the same one.
     """
     group, upward, tag, rank = execution.group, execution.upward, execution.tag, execution.rank

@@ -43,8 +43,8 @@ _LOCK = threading.Lock()  # guards the two maps
 # Weak keys: holding a process group here would keep it alive past destroy_process_group.
 _UPWARD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # One lock per group while its upward transport is made: two lanes' first buckets must not make
-# two (every rank must make the same one), and making one group's (a barrier with its peers)
-# must not hold up another group's.
+# two (every rank must make the same one), and making one group's (a rendezvous with its
+# peers) must not hold up another group's.
 _MAKING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

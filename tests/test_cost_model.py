@@ -17,7 +17,9 @@ from ddp_ring_hooks.cli.model import format_seconds, parse_bandwidth, parse_size
 from ddp_ring_hooks.cost_model import (
     Calibration, bytes_sent_per_rank, count_steps, fit, fit_per_algorithm, fit_records, predict, simulate,
 )
-from ddp_ring_hooks.schedules import ALGORITHMS, build_schedule, schedule_nodes
+from ddp_ring_hooks.schedules import (
+    ALGORITHMS, algorithm_examples, build_schedule, get_algorithm, resolve_options, schedule_nodes,
+)
 from tests.conftest import algorithm_cases
 
 N = 3.0e6  # bytes per rank
@@ -42,6 +44,18 @@ def test_closed_forms_equal_the_step_by_step_cost_of_the_schedules(world_size):
         assert predict(algorithm, N, world_size, **params, **local, **options) == pytest.approx(simulated, rel=1e-12), (
             algorithm, options,
         )
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 5, 7, 8, 12])
+def test_a_closed_form_of_the_busiest_ranks_bytes_is_the_count_on_the_schedule(world_size):
+    """The advisor prices large world sizes with ``busiest_sends`` instead of building the
+    schedule: it must say what the schedule says, for every example option."""
+    for name, options in algorithm_examples(world_size, scheduled_only=True):
+        closed_form = get_algorithm(name).busiest_sends
+        if closed_form is None or not get_algorithm(name).applies(world_size, resolve_options(name, options)):
+            continue
+        counted = max(bytes_sent_per_rank(build_schedule(name, world_size, **options), 1.0))
+        assert closed_form(world_size, **options) == pytest.approx(counted), (name, options)
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 5, 6, 8, 16, 20])

@@ -22,7 +22,7 @@ from .registry import (
     options_by_name, options_for, register_algorithm, resolve_options,
 )
 from .replay import final_state, replay
-from .ring import build_ring_schedule, ring_cost
+from .ring import build_ring_schedule, ring_busiest_sends, ring_cost
 from .tree import build_tree_schedule, tree_cost
 
 
@@ -53,7 +53,7 @@ RING_ORDER = (
 
 register_algorithm(Algorithm(
     "ring", "reduce-scatter then all-gather around a ring: 2(p-1) messages of n/p",
-    build=build_ring_schedule, cost=ring_cost, layout="ring", options=RING_ORDER,
+    build=build_ring_schedule, cost=ring_cost, busiest_sends=ring_busiest_sends, layout="ring", options=RING_ORDER,
     # The reversed order of a ring of 3+ ranks is a different ring (a permutation the grids run).
     examples=lambda p: ({},) if p < 3 else ({}, {"ring_order": tuple(reversed(range(p)))}),
 ))

@@ -98,6 +98,10 @@ class Algorithm:
     summary: str
     build: Callable[..., Schedule] | None
     cost: Callable[..., CostTerms] | None = None
+    # The busiest rank's bytes sent per byte of buffer, in closed form, for algorithms whose
+    # schedules grow too big to count at the advisor's large world sizes (a ring of 512 ranks
+    # is half a million transfers); None: counted on the schedule.
+    busiest_sends: Callable[..., float] | None = None
     priced_as: str | None = None
     layout: str = "ring"
     options: tuple[Option, ...] = ()

@@ -61,3 +61,8 @@ def ring_cost(world_size: int, *, ring_order: object = RANK, node_of: Sequence[i
     :mod:`~ddp_ring_hooks.cost_model.two_tier`)."""
     p = world_size
     return CostTerms(messages=2 * (p - 1), bytes=2 * (p - 1) / p, reduced=(p - 1) / p)
+
+
+def ring_busiest_sends(world_size: int, **_ordering) -> float:
+    """``2(p-1)/p``: every rank sends ``2(p - 1)`` chunks of ``n/p``, whatever the order."""
+    return 2 * (world_size - 1) / world_size

@@ -291,3 +291,15 @@ def test_a_renamed_flag_or_script_or_unknown_program_fails():
         programs("nvidia-smi -L")
     assert [p for p, _ in programs("OMP_NUM_THREADS=1 python -m ddp_ring_hooks advise runs/ring && tensorboard --logdir x")] == [
         (sys.executable, "-m", "ddp_ring_hooks", "advise"), (sys.executable, "-m", "tensorboard.main")]
+
+
+def test_no_file_holds_a_merge_conflict_marker():
+    """A merge left unresolved in a tracked file (it happened once, in the README)."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    marker = re.compile(r"^(<<<<<<< |>>>>>>> |=======$)", re.MULTILINE)
+    conflicted = [
+        name for name in tracked
+        if name.endswith((".md", ".py", ".toml", ".txt", ".cfg", ".yml", ".yaml")) or "/" not in name
+        if (ROOT / name).is_file() and marker.search((ROOT / name).read_text(errors="replace"))
+    ]
+    assert conflicted == [], f"merge conflict markers in {conflicted}: resolve them"

@@ -185,8 +185,11 @@ class _Execution:
 
     def _wait(self, unit: Unit, works: list[dist.Work]) -> None:
         position = 0
+        num_steps = len(self.schedule.steps)
         try:
             for position, work in enumerate(works):
+                # Whom this thread now blocks on: a stall watchdog names the peer if it lasts.
+                self.observer.on_wait(unit.step, num_steps, _message_at(unit, position)[1].peer)
                 work.wait()
         except RuntimeError as error:  # name the step and the peer, not just a socket
             # When the backend coalesced the batch into fewer works than messages (NCCL may),
@@ -211,10 +214,8 @@ class _Execution:
             self.observer.on_step(step, self.schedule.plan_for(self.rank)[step], self.program.chunk_bytes)
 
     def _failure(self, error: RuntimeError, unit: Unit, position: int) -> StepFailedError:
-        """The error naming the step and the peer of the unit's ``position``-th message (sends
-        first, then receives: the order they are posted and waited for)."""
-        messages = [("send to", m) for m in unit.sends] + [("receive from", m) for m in unit.receives]
-        direction, message = messages[position]
+        """The error naming the step and the peer of the unit's ``position``-th message."""
+        direction, message = _message_at(unit, position)
         return StepFailedError(
             algorithm=self.schedule.algorithm,
             rank=self.rank,
@@ -226,6 +227,15 @@ class _Execution:
             global_peer=dist.get_global_rank(self.group, message.peer),
             cause=str(error).strip(),
         )
+
+
+def _message_at(unit: Unit, position: int) -> tuple[str, Message]:
+    """The unit's ``position``-th message with its direction, in the order messages are posted
+    and waited for: sends first, then receives."""
+    sends = unit.sends
+    if position < len(sends):
+        return "send to", sends[position]
+    return "receive from", unit.receives[position - len(sends)]
 
 
 def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:

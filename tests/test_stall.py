@@ -1,0 +1,378 @@
+"""A stalled rank never hangs anyone silently: the others name it, fail at the timeout, resume after a thaw.
+
+On real gloo ranks (3, one of them frozen with SIGSTOP by itself, thawed with SIGCONT by the
+test), with ``stall_after`` and ``stall_timeout`` of a few seconds:
+
+1. one launch per algorithm family (a schedule: ``ring``; gloo's own: ``native``) walks through
+   the cases in order: a rank slower than ``stall_after`` per bucket but progressing (nothing
+   reported), a freeze thawed before the timeout (warnings naming the frozen rank, "resumed",
+   training goes on with identical weights on every rank), a freeze never thawed (errors naming
+   it from ``backward()``, later buckets refused at once, ``close()`` returns and the process
+   exits);
+2. ``torchrun --max-restarts=1``: after a stall-timeout the job restarts from its checkpoint and
+   ends with the weights of an uninterrupted run;
+3. on the emulated lab, a host's link pulled mid-training: the others name that host.
+
+The diagnosis itself (who waits for whom) is pure and tested on records without ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from ddp_ring_hooks.launch import _rank_main
+from ddp_ring_hooks.runtime import ExecutionObserver
+from ddp_ring_hooks.telemetry.stall_report import RankRecord, diagnose
+
+STALL_AFTER = 3.0
+STALL_TIMEOUT = 9.0
+PG_TIMEOUT = 60.0  # the group's own: far behind stall_timeout, so any failure in time is the watchdog's
+WORLD_SIZE = 3
+VICTIM = 2
+SLOW_RANK = 1
+#: The iterations of the walk (DDP rebuilds its buckets after iteration 0: start after it).
+SLOW_ITERATION, THAW_ITERATION, FREEZE_ITERATION = 2, 4, 7
+THAW_AFTER = STALL_AFTER + 3.0  # seconds frozen before the test sends SIGCONT
+
+
+# -- the diagnosis, on records ---------------------------------------------------------------
+
+
+def _record(rank: int, *, now: float = 100.0, age: float = 0.1, peer: int | None = None, reducing: bool = True,
+            since: float = 88.0, **fields) -> RankRecord:
+    described = {"doing": "all-reduce", "bucket": 3, "algorithm": "ring", "phase": "reduce-scatter"} if reducing else {
+        "doing": "forward"}
+    if peer is not None:
+        described.update(step_index=0, num_steps=4, peer=peer)
+    return RankRecord(rank=rank, iteration=20, since=since, reported=now - age, silent_after=1.5,
+                      **{**described, **fields})
+
+
+def test_the_chain_of_waits_ends_at_the_silent_rank():
+    me = _record(0, peer=2)
+    others = {1: _record(1, peer=0), 2: _record(2, reducing=False, age=12.0)}
+    finding = diagnose(me, others, world_size=3, now=100.0)
+    assert finding.text == (
+        "rank 0: bucket 3 of iteration 20 (reduce-scatter step 1/4) has waited 12 s for rank 2; rank 1 waits for "
+        "rank 0; rank 2 has not reported for 12 s, since iteration 20 (forward): rank 2 is stalled"
+    )
+    assert (finding.stalled, finding.chain, finding.answered) == ((2,), (0, 2), True)
+    # From rank 1, the chain goes through rank 0.
+    assert diagnose(others[1], {0: me, 2: others[2]}, world_size=3, now=100.0).chain == (1, 0, 2)
+
+
+def test_a_live_rank_that_never_comes_to_the_all_reduce_is_named_and_a_cycle_is_a_deadlock():
+    busy = _record(2, reducing=False, doing="forward", since=70.0)  # reports, but stays in its forward
+    finding = diagnose(_record(0, peer=2), {1: _record(1, peer=0), 2: busy}, world_size=3, now=100.0)
+    assert "rank 2 has been in iteration 20 (forward) for 30 s: rank 2 is stalled" in finding.text
+    cycle = diagnose(_record(0, peer=1), {1: _record(1, peer=0)}, world_size=2, now=100.0)
+    assert cycle.stalled == () and cycle.text.endswith("ranks 0, 1 wait for each other in a cycle: a deadlock, not a stalled rank")
+
+
+def test_a_wait_without_a_peer_blames_whoever_is_not_in_it_and_a_silent_store_is_said():
+    native = dict(algorithm="native", phase="all-reduce")
+    me = _record(0, **native)
+    finding = diagnose(me, {1: _record(1, **native), 2: _record(2, reducing=False, age=9.0)}, world_size=3, now=100.0)
+    assert finding.text.startswith("rank 0: bucket 3 of iteration 20 (native all-reduce) has waited 12 s in it; rank 1 waits in the all-reduce")
+    assert finding.stalled == (2,) and finding.text.endswith(": rank 2 is stalled")
+    everyone = diagnose(me, {1: _record(1, **native), 2: _record(2, **native)}, world_size=3, now=100.0)
+    assert everyone.stalled == () and "the transfers themselves are stuck" in everyone.text
+    cut_off = diagnose(_record(2, peer=0), None, world_size=3, now=100.0)
+    assert not cut_off.answered and "the store did not answer" in cut_off.text and "rank 0, or this rank's own network" in cut_off.text
+    # A rank that has not reported in this attempt (a record left by the attempt before a restart).
+    stale = diagnose(_record(0, peer=2, attempt=1), {1: _record(1, peer=0, attempt=1), 2: _record(2, peer=0)},
+                     world_size=3, now=100.0)
+    assert "rank 2 has not reported:" in stale.text + ":" and stale.stalled == (2,)
+
+
+def test_a_record_survives_its_json():
+    record = _record(1, peer=0)
+    assert RankRecord.from_json(record.to_json()) == record
+
+
+# -- the options -----------------------------------------------------------------------------
+
+
+def test_the_options_are_checked_where_they_are_built():
+    from ddp_ring_hooks import HookState
+    from ddp_ring_hooks.telemetry import TelemetryOptions
+
+    assert TelemetryOptions().stall_after == 60.0 and TelemetryOptions().stall_timeout is None
+    with pytest.raises(ValueError, match="stall_after must be a positive number of seconds, got 0"):
+        HookState(stall_after=0)
+    with pytest.raises(ValueError, match="stall_timeout must be a positive number of seconds, got 'soon'"):
+        TelemetryOptions(stall_timeout="soon")
+    with pytest.raises(ValueError, match=r"stall_timeout=30 s must be longer than stall_after=60 s"):
+        HookState(stall_timeout=30)
+    with pytest.raises(ValueError, match="telemetry option 'stall_after' given twice"):
+        HookState(telemetry=TelemetryOptions(stall_after=5), stall_after=5)
+    assert HookState(stall_after=2, stall_timeout=8).observation.watchdog.stall_after == 2.0
+
+
+def test_the_lightning_strategy_checks_them_when_built():
+    from ddp_ring_hooks.integrations.lightning import RingDDPStrategy
+
+    with pytest.raises(ValueError, match="stall_timeout=1 s must be longer than stall_after=2 s"):
+        RingDDPStrategy(stall_after=2, stall_timeout=1)
+    strategy = RingDDPStrategy(stall_after=2, stall_timeout=8)
+    assert (strategy._telemetry.stall_after, strategy._telemetry.stall_timeout) == (2.0, 8.0)
+
+
+def _refuse_a_timeout_past_the_groups(rank: int, world_size: int) -> str:
+    import ddp_ring_hooks
+
+    try:
+        ddp_ring_hooks.HookState(stall_after=2, stall_timeout=PG_TIMEOUT)
+    except ValueError as error:
+        return str(error)
+    return "accepted"
+
+
+@pytest.mark.timeout(120)
+def test_a_stall_timeout_the_groups_own_timeout_would_beat_is_refused():
+    from tests._dist import run_ranks
+
+    messages = run_ranks(_refuse_a_timeout_past_the_groups, 2, timeout=90, pg_timeout=PG_TIMEOUT)
+    for message in messages:
+        assert f"stall_timeout={PG_TIMEOUT:g} s is not shorter than the process group's own timeout" in message, message
+
+
+# -- real ranks: slow, frozen and thawed, frozen for good -------------------------------------
+
+
+class _SlowSteps(ExecutionObserver):
+    """An observer (on every rank, so the layout check agrees) that, on the slow rank while
+    ``active``, sleeps after each schedule step of one bucket: the bucket takes longer than
+    ``stall_after``, yet every wait of the others is shorter."""
+
+    def __init__(self, *, slow: bool, seconds: float) -> None:
+        self.slow = slow
+        self.seconds = seconds
+        self.active = False
+
+    def on_step(self, index, step, chunk_bytes):
+        if self.slow and self.active:
+            time.sleep(self.seconds)
+
+    def on_finish(self):
+        self.active = False
+
+
+def _freeze(directory: str, name: str) -> None:
+    """This process stops itself (as a debugger, a page storm or a hung driver would stop it),
+    after a second in its forward: its watchdog has published that much."""
+    time.sleep(1.0)
+    Path(directory, name).write_text(f"{os.getpid()} {time.time()!r}")
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _train_through_stalls(rank: int, world_size: int, directory: str, algorithm: str, thaw: bool) -> dict:
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+
+    heard: list[tuple[float, str, str]] = []
+
+    class Heard(logging.Handler):
+        def emit(self, record):
+            heard.append((time.time(), record.levelname, record.getMessage()))
+
+    logging.getLogger("ddp_ring_hooks").addHandler(Heard())
+    warned = warnings.catch_warnings(record=True)
+    warned_list = warned.__enter__()
+    warnings.simplefilter("always")
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 32))
+    model = DistributedDataParallel(net, bucket_cap_mb=0.004)  # a few buckets
+    slow = _SlowSteps(slow=rank == SLOW_RANK, seconds=0.4 * STALL_AFTER)
+    schedule_algorithm = algorithm != "native"
+    state = ddp_ring_hooks.register(
+        model, algorithm=algorithm, stall_after=STALL_AFTER, stall_timeout=STALL_TIMEOUT,
+        log_dir=os.path.join(directory, "runs"), observers=(slow,) if schedule_algorithm else (),
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    marks: dict[str, float] = {}
+    outcome: dict = {"rank": rank}
+    for iteration in range(FREEZE_ITERATION + 1):
+        generator = torch.Generator().manual_seed(100 * iteration + rank)
+        loss = model(torch.randn(8, 32, generator=generator)).square().mean()
+        if rank == VICTIM and iteration == THAW_ITERATION and thaw:
+            _freeze(directory, "frozen_then_thawed")
+        if rank == VICTIM and iteration == FREEZE_ITERATION:
+            _freeze(directory, "frozen_for_good")
+        slow.active = iteration == SLOW_ITERATION and schedule_algorithm
+        started = time.time()
+        try:
+            loss.backward()
+        except RuntimeError as error:
+            outcome["errors"] = [(iteration, time.time(), str(error))]
+            try:  # the next bucket, as DDP would hand it over: refused at once
+                state.reduce_bucket(torch.ones(16), is_last=True).wait()
+            except RuntimeError as refused:
+                outcome["errors"].append((iteration, time.time(), str(refused)))
+            break
+        marks[f"backward {iteration}"] = time.time() - started
+        optimizer.step()
+        optimizer.zero_grad()
+        if iteration == FREEZE_ITERATION - 1:
+            outcome["params"] = torch.cat([p.detach().view(-1) for p in model.parameters()]).clone()
+            torch.save(outcome["params"], os.path.join(directory, f"params_rank{rank}.pt"))
+    started = time.time()
+    state.close()  # the workers were let go at the timeout: this returns
+    outcome["close_s"] = time.time() - started
+    warned.__exit__(None, None, None)
+    outcome["heard"] = heard
+    outcome["warned"] = [(str(w.message), w.category.__name__) for w in warned_list]
+    outcome["marks"] = marks
+    return outcome
+
+
+def _launch_with_a_victim(directory: str, algorithm: str, *, thaw: bool, timeout: float) -> tuple[dict, dict]:
+    """Spawn the ranks; thaw the victim ``THAW_AFTER`` seconds after its first freeze; return
+    the survivors' outcomes and the freeze times, after checking that the survivors exit by
+    themselves. The victim is killed at the end."""
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [
+        context.Process(target=_rank_main, daemon=True, args=(
+            _train_through_stalls, rank, WORLD_SIZE, os.path.join(directory, "store"), PG_TIMEOUT, results,
+            (directory, algorithm, thaw)))
+        for rank in range(WORLD_SIZE)
+    ]
+    for process in processes:
+        process.start()
+    outcomes: dict[int, dict] = {}
+    deadline = time.monotonic() + timeout
+    thawed = not thaw
+    try:
+        while len(outcomes) < WORLD_SIZE - 1:
+            frozen = Path(directory, "frozen_then_thawed")
+            if not thawed and frozen.exists() and time.time() > _frozen_at(frozen) + THAW_AFTER:
+                os.kill(processes[VICTIM].pid, signal.SIGCONT)
+                thawed = True
+            try:
+                rank, ok, value = results.get(timeout=0.2)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"ranks {sorted(set(range(WORLD_SIZE)) - {VICTIM} - set(outcomes))} hung for {timeout:.0f} s")
+                continue
+            assert ok, f"rank {rank} failed outside training:\n{value}"
+            outcomes[rank] = pickle.loads(value)
+        for rank in outcomes:  # nothing blocked in gloo keeps a survivor from exiting
+            processes[rank].join(20)
+            assert processes[rank].exitcode == 0, f"rank {rank} did not exit by itself: {processes[rank].exitcode}"
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+            process.join(5)
+    freezes = {name: _frozen_at(Path(directory, name)) for name in ("frozen_then_thawed", "frozen_for_good")
+               if Path(directory, name).exists()}
+    return outcomes, freezes
+
+
+def _frozen_at(path: Path) -> float:
+    return float(path.read_text().split()[1])
+
+
+def _naming_the_victim(heard, start: float, end: float = float("inf")):
+    return [(at, level, message) for at, level, message in heard
+            if start <= at <= end and f"rank {VICTIM} is stalled" in message]
+
+
+@pytest.fixture(scope="module")
+def ring_walk(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("stall_ring"))
+    started = time.monotonic()
+    outcomes, freezes = _launch_with_a_victim(directory, "ring", thaw=True, timeout=180)
+    return directory, outcomes, freezes, time.monotonic() - started
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_slower_than_stall_after_per_bucket_but_progressing_is_not_called_stalled(ring_walk):
+    _, outcomes, freezes, _ = ring_walk
+    for rank, outcome in outcomes.items():
+        assert outcome["marks"][f"backward {SLOW_ITERATION}"] > STALL_AFTER, (rank, outcome["marks"])  # slow indeed
+        before_any_freeze = [entry for entry in outcome["heard"] if entry[0] < freezes["frozen_then_thawed"]]
+        assert before_any_freeze == [], f"rank {rank} reported a stall while every rank progressed: {before_any_freeze}"
+
+
+@pytest.mark.timeout(240)
+def test_a_frozen_rank_is_named_within_stall_after_and_a_thaw_resumes_training_identically(ring_walk):
+    directory, outcomes, freezes, _ = ring_walk
+    frozen = freezes["frozen_then_thawed"]
+    for rank, outcome in outcomes.items():
+        named = _naming_the_victim(outcome["heard"], frozen, frozen + THAW_AFTER)
+        assert named, f"rank {rank} did not name rank {VICTIM}: {outcome['heard']}"
+        assert named[0][0] - frozen < STALL_AFTER + 5, (rank, named[0][0] - frozen)
+        assert named[0][2].startswith(f"rank {rank}: bucket "), named[0][2]
+        assert any(category == "RankStalledWarning" and f"rank {VICTIM} is stalled" in message
+                   for message, category in outcome["warned"]), outcome["warned"]
+        resumed = [message for at, _, message in outcome["heard"] if "resumed after" in message]
+        assert resumed and resumed[0].startswith(f"rank {rank}: bucket "), outcome["heard"]
+        assert f"backward {THAW_ITERATION + 1}" in outcome["marks"]  # training went on
+    params = [torch.load(os.path.join(directory, f"params_rank{rank}.pt")) for rank in range(WORLD_SIZE)]
+    assert all(torch.equal(params[0], other) for other in params[1:]), "the ranks' weights differ after the thaw"
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_frozen_for_good_fails_the_others_at_the_timeout_naming_it(ring_walk):
+    _, outcomes, freezes, _ = ring_walk
+    frozen = freezes["frozen_for_good"]
+    for rank, outcome in outcomes.items():
+        assert _naming_the_victim(outcome["heard"], frozen, frozen + STALL_AFTER + 5), (rank, outcome["heard"])
+        (iteration, failed_at, message), (_, refused_at, refused) = outcome["errors"]
+        assert iteration == FREEZE_ITERATION, message
+        assert STALL_TIMEOUT - 1 < failed_at - frozen < STALL_TIMEOUT + 10, (rank, failed_at - frozen)
+        assert "ring_hook (ring): bucket " in message and f"of iteration {FREEZE_ITERATION}" in message, message
+        assert f"rank {VICTIM} is stalled" in message and "stall_timeout=9 s" in message, message
+        assert refused_at - failed_at < 2.0 and "not reduced because an earlier one failed" in refused, refused
+        # Let go at the timeout: close() does not wait for the group's own (60 s); rank 0 also
+        # runs the advisor for its comm/advice panel there (seconds on a busy machine).
+        assert outcome["close_s"] < 30.0, outcome["close_s"]
+
+
+@pytest.mark.timeout(240)
+def test_the_stall_reaches_tensorboard_and_each_waiting_ranks_dump(ring_walk):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    directory, outcomes, _, _ = ring_walk
+    runs = os.path.join(directory, "runs")
+    events = EventAccumulator(runs, size_guidance={"tensors": 0}).Reload()
+    texts = [event.tensor_proto.string_val[0].decode() for event in events.Tensors("comm/stall/text_summary")]
+    assert any(f"rank {VICTIM} is stalled" in text for text in texts), texts
+    assert any("resumed after" in text for text in texts), texts
+    for rank in outcomes:
+        dump = json.loads(Path(runs, f"stall_rank{rank}.json").read_text())
+        assert dump["timed_out"] and dump["finding"]["stalled"] == [VICTIM], dump["finding"]
+        assert dump["records"][str(VICTIM)]["iteration"] == FREEZE_ITERATION
+        assert 0 < len(dump["last_buckets"]) <= 64 and dump["open_buckets"], dump
+    assert not Path(runs, f"stall_rank{VICTIM}.json").exists()  # frozen: it never waited
+
+
+@pytest.mark.timeout(200)
+def test_native_is_watched_too_and_names_the_frozen_rank_through_the_store(tmp_path):
+    outcomes, freezes = _launch_with_a_victim(str(tmp_path), "native", thaw=False, timeout=150)
+    frozen = freezes["frozen_for_good"]
+    for rank, outcome in outcomes.items():
+        named = _naming_the_victim(outcome["heard"], frozen, frozen + STALL_AFTER + 5)
+        assert named and "(native all-reduce) has waited" in named[0][2], (rank, outcome["heard"])
+        (iteration, failed_at, message), _ = outcome["errors"]
+        assert "ring_hook (native): bucket " in message and f"rank {VICTIM} is stalled" in message, message
+        assert failed_at - frozen < STALL_TIMEOUT + 10, failed_at - frozen

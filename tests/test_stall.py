@@ -376,3 +376,34 @@ def test_native_is_watched_too_and_names_the_frozen_rank_through_the_store(tmp_p
         (iteration, failed_at, message), _ = outcome["errors"]
         assert "ring_hook (native): bucket " in message and f"rank {VICTIM} is stalled" in message, message
         assert failed_at - frozen < STALL_TIMEOUT + 10, failed_at - frozen
+
+
+# -- torchrun: a stall-timeout, then the elastic restart from the checkpoint ------------------
+
+
+@pytest.mark.timeout(200)
+def test_torchrun_restarts_after_a_stall_timeout_and_ends_with_the_uninterrupted_weights(tmp_path):
+    """A rank hangs in its own code (not frozen: torch 2.13's agent gives a stopped worker 30 s
+    before SIGKILL when it restarts, whatever --shutdown-timeout says)."""
+    from tests.scripts.train_with_hook import free_port, loopback_environment, torchrun_command, uninterrupted_params
+
+    steps, stalled_rank, stall_step = 5, 1, 2
+    command = torchrun_command(
+        out=tmp_path, port=free_port(), max_restarts=1,
+        extra=(f"--steps={steps}", f"--stall-rank={stalled_rank}", f"--stall-step={stall_step}",
+               f"--stall-after={STALL_AFTER:g}", f"--stall-timeout={STALL_TIMEOUT:g}"),
+    )
+    started = time.monotonic()
+    run = subprocess.run(command, env=loopback_environment(), capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-4000:]
+    # The hung rank is alive (its watchdog reports) but never comes to the all-reduce.
+    assert f"rank {stalled_rank} has been in iteration {stall_step - 1} (after the all-reduce)" in run.stderr, run.stderr[-4000:]
+    assert "terminate called" not in run.stderr  # the failed rank exits, it does not abort
+    assert f"rank {stalled_rank} is stalled" in run.stderr and "RankStalledError" in run.stderr, run.stderr[-4000:]
+
+    results = [json.loads((tmp_path / f"result_rank{r}.json").read_text()) for r in range(2)]
+    for result in results:
+        assert (result["attempt"], result["resumed_from"], result["iteration"]) == (1, stall_step, steps)
+    assert results[0]["params"] == results[1]["params"]
+    torch.testing.assert_close(torch.tensor(results[0]["params"]), uninterrupted_params(steps), rtol=1e-5, atol=1e-6)
+    print(f"torchrun with a stall-timeout and a restart: {time.monotonic() - started:.0f} s")

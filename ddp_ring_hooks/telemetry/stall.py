@@ -70,6 +70,9 @@ STALL_TAG = "comm/stall"
 FLIGHT_RECORDER_BUCKETS = 64
 #: How long the watchdog waits for the store to answer before it reports without the others.
 STORE_ANSWER_S = 2.0
+#: After aborting the group's transfers, how long the watchdog waits for the blocked threads to
+#: leave their waits before it fails the buckets' Futures.
+LET_GO_S = 2.0
 #: ``stall_timeout=None`` fails at this share of the group's own timeout: before the backend.
 GROUP_TIMEOUT_SHARE = 0.9
 #: A live rank publishes at least every HEARTBEAT_POLLS polls; older than SILENT_POLLS is silent.
@@ -129,6 +132,7 @@ class _BucketProgress(ExecutionObserver):
         self.gpu_done = None  # a CUDA event after the bucket's work (on CUDA)
         self._guarded: torch.futures.Future | None = None
         self._settled = False
+        self._let_go = threading.Event()  # the real completion came (or the failure of its wait)
         self._lock = threading.Lock()
 
     # -- the executor's calls (the thread running the bucket) ----------------------------------
@@ -160,6 +164,7 @@ class _BucketProgress(ExecutionObserver):
         return self._guarded.then(_result)
 
     def _settle(self, done: torch.futures.Future) -> None:
+        self._let_go.set()
         with self._lock:
             if self._settled:  # failed at stall_timeout already: the late completion is ignored
                 return
@@ -172,14 +177,22 @@ class _BucketProgress(ExecutionObserver):
         else:
             self._guarded.set_result(value)
 
-    def fail(self, error: RankStalledError) -> None:
-        """Fail the bucket's Future now with ``error``, named by the hook state."""
+    def claim(self, error: RankStalledError) -> BaseException | None:
+        """Take the bucket's Future from its real completion, to fail it with ``error`` as the
+        hook state names it (which the hook state remembers: later buckets are refused with
+        it); ``None`` if it completed already (or is not guarded: CUDA)."""
         with self._lock:
             if self._guarded is None or self._settled:
-                return
+                return None
             self._settled = True
         explain = self.bucket.explain or (lambda cause: cause)
-        self._guarded.set_exception(explain(error))
+        return explain(error)
+
+    def fail(self, failure: BaseException, *, let_go_by: float) -> None:
+        """Fail the claimed Future with ``failure``, once the thread that ran the bucket has
+        left its wait (or at the monotonic time ``let_go_by``)."""
+        self._let_go.wait(max(0.0, let_go_by - time.monotonic()))
+        self._guarded.set_exception(failure)
 
     def describe(self, wall_offset: float, now: float) -> dict:
         """This bucket for the dump: what it is, when it was handed over, where it is."""
@@ -277,7 +290,7 @@ class StallWatchdog(Watcher):
 
     def _watch(self) -> None:
         published, published_at = None, 0.0
-        while not self._stop.wait(self.poll_s):
+        while True:  # publishes at once: a rank that stalls right away has reported once
             now = time.monotonic()
             self._poll_gpu(now)
             waiting, state = self._longest_wait()  # state: read once, the bucket's thread moves on
@@ -286,13 +299,18 @@ class StallWatchdog(Watcher):
             if content != published or now - published_at >= HEARTBEAT_POLLS * self.poll_s:
                 self._board.publish(record)
                 published, published_at = content, now
-            if self.failure is not None:
-                continue
-            stalled = waiting is not None and now - state[0] >= min(self.stall_after, self._timeout_s)
-            if self._stall is not None and not (stalled and self._stall.is_wait(waiting, state)):
-                self._resumed()
-            if stalled:
-                self._on_stall(waiting, state[0], record, now)
+            if self.failure is None:  # after the timeout, nothing is reported again
+                self._judge(waiting, state, record, now)
+            if self._stop.wait(self.poll_s):
+                return
+
+    def _judge(self, waiting: _BucketProgress | None, state: tuple | None, record: RankRecord, now: float) -> None:
+        """Report a wait that lasts, or that the one reported is over."""
+        stalled = waiting is not None and now - state[0] >= min(self.stall_after, self._timeout_s)
+        if self._stall is not None and not (stalled and self._stall.is_wait(waiting, state)):
+            self._resumed()
+        if stalled:
+            self._on_stall(waiting, state[0], record, now)
 
     def _poll_gpu(self, now: float) -> None:
         """CUDA buckets are done when their event is (a query, never a wait); they run one after
@@ -364,10 +382,18 @@ class StallWatchdog(Watcher):
         self._publish(str(error), others, finding, iteration=self._stall.progress.iteration, timed_out=True)
         with self._lock:
             open_buckets = sorted(self._open, key=lambda progress: progress is not self._stall.progress)
-        for progress in open_buckets:  # the waiting bucket first: the hook state names it first
-            progress.fail(error)
+        # The waiting bucket first: the hook state names it first.
+        claimed = [(progress, progress.claim(error)) for progress in open_buckets]
         stuck_on = self._stall.progress.state[4]  # the peer this rank waits for (None: native)
+        self._stall = None
+        # Let the blocked threads go *before* DDP hears of the failure: a thread still inside
+        # gloo's wait when the training script ends is killed by the interpreter's exit, and
+        # that aborts the process ("terminate called without an active exception").
         abort_transfers(self._group, peer=stuck_on)
+        let_go_by = time.monotonic() + LET_GO_S
+        for progress, failure in claimed:
+            if failure is not None:
+                progress.fail(failure, let_go_by=let_go_by)
 
     def _publish(self, text: str, others, finding: Finding | None, *, iteration: int, timed_out: bool = False) -> None:
         """The report's panel and this rank's dump (with a ``log_dir``)."""
@@ -440,7 +466,7 @@ class _StoreBoard:
     and the watchdog waits for it at most :data:`STORE_ANSWER_S`."""
 
     def __init__(self, group, *, rank: int, world_size: int) -> None:
-        self._store = _store_of(group)
+        self._store = _store_of(group)  # its calls are serialized by the store client itself
         prefix = f"ddp_ring_hooks/stall/{_board_index(group)}"
         self._keys = [f"{prefix}/{r}" for r in range(world_size)]
         self._rank = rank
@@ -506,13 +532,10 @@ class _StoreBoard:
 
 
 def _store_of(group):
-    """The store ``group`` was built on (its own prefix), as a client of its own when the store
-    can make one (a TCPStore: a connection of its own, so a stuck call never holds the group's)."""
-    store = distributed_c10d._get_process_group_store(group)
-    try:
-        return store.clone()
-    except RuntimeError:  # a store without clone(): share the group's client
-        return store
+    """The store ``group`` was built on, under the group's own prefix. Shared with the group,
+    not cloned: a clone is a second connection to the same server, no help when that server is
+    the one stuck, and one more socket per rank on it."""
+    return distributed_c10d._get_process_group_store(group)
 
 
 _BOARDS: dict[str, int] = {}

@@ -407,3 +407,98 @@ def test_torchrun_restarts_after_a_stall_timeout_and_ends_with_the_uninterrupted
     assert results[0]["params"] == results[1]["params"]
     torch.testing.assert_close(torch.tensor(results[0]["params"]), uninterrupted_params(steps), rtol=1e-5, atol=1e-6)
     print(f"torchrun with a stall-timeout and a restart: {time.monotonic() - started:.0f} s")
+
+
+# -- the lab: a host's cable pulled mid-training ----------------------------------------------
+
+
+@pytest.mark.timeout(240)
+def test_a_host_cut_off_mid_training_is_named_by_the_others(lab_machine, tmp_path):
+    from ddp_ring_hooks.lab import EmulatedCluster
+
+    script = Path(__file__).resolve().parent / "scripts" / "stall_lab.py"
+    cut = 2
+    with EmulatedCluster(hosts=3, link="1Gbit") as lab:
+        job = lab.start([sys.executable, str(script), f"--out={tmp_path}", f"--stall-after={STALL_AFTER:g}",
+                         f"--stall-timeout={STALL_TIMEOUT:g}"])
+        deadline = time.monotonic() + 150
+        while not all(_steps_done(tmp_path, rank) >= 5 for rank in range(3)):
+            assert time.monotonic() < deadline, "the ranks did not train on the lab"
+            time.sleep(0.2)
+        lab.disconnect(host=cut)  # packets are lost from now on; no socket is closed
+        cut_at = time.time()
+        results = job.wait(timeout=120, check=False)
+    outcomes = {result.host: _last_json_line(result.stdout) for result in results}
+    for host in (0, 1):
+        outcome = outcomes[host]
+        assert outcome is not None, results[host].stderr[-3000:]
+        named = [at for at, message in outcome["heard"] if f"rank {cut} is stalled" in message and at >= cut_at]
+        assert named and named[0] - cut_at < STALL_AFTER + 5, (host, outcome["heard"])
+        assert f"rank {cut} is stalled" in outcome["error"], outcome["error"]
+        assert outcome["failed_at"] - cut_at < STALL_TIMEOUT + 10, outcome["failed_at"] - cut_at
+
+
+def _steps_done(directory: Path, rank: int) -> int:
+    path = directory / f"progress_rank{rank}"
+    return int(path.read_text() or -1) if path.exists() else -1
+
+
+def _last_json_line(stdout: str) -> dict | None:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+# -- CUDA (NCCL): written against PyTorch's sources; this project's CI has no GPU ----------------
+
+
+def _gpu_rank_frozen(rank: int, world_size: int, directory: str) -> dict:
+    import threading
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+
+    heard: list[tuple[float, str]] = []
+
+    class Heard(logging.Handler):
+        def emit(self, record):
+            heard.append((time.time(), record.getMessage()))
+
+    logging.getLogger("ddp_ring_hooks").addHandler(Heard())
+    device = torch.device("cuda", rank)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(256, 256).to(device), device_ids=[rank])
+    state = ddp_ring_hooks.register(model, stall_after=STALL_AFTER, stall_timeout=STALL_TIMEOUT)
+    torch.cuda.set_sync_debug_mode("error")  # the watchdog only queries events: any host sync raises
+    for iteration in range(6):
+        if rank == 1 and iteration == 4:
+            _freeze(directory, "frozen_for_good")
+        model(torch.randn(32, 256, device=device)).square().mean().backward()
+    torch.cuda.set_sync_debug_mode("default")
+    waiter = threading.Thread(target=torch.cuda.synchronize, args=(device,), daemon=True)
+    waiter.start()  # the GPU waits for the frozen rank; the watchdog watches its events meanwhile
+    waiter.join(STALL_TIMEOUT + 10)
+    return {"heard": heard, "failure": str(state.observation.watchdog.failure)}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs and NCCL; this machine has none (CPU-only CI)")
+@pytest.mark.timeout(200)
+def test_on_nccl_the_watchdog_queries_events_and_names_the_frozen_rank_through_the_store(tmp_path):
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_rank_main, daemon=True, kwargs={"backend": "nccl"}, args=(
+        _gpu_rank_frozen, rank, 2, str(tmp_path / "store"), PG_TIMEOUT, results, (str(tmp_path),))) for rank in range(2)]
+    for process in processes:
+        process.start()
+    try:
+        rank, ok, value = results.get(timeout=150)
+    finally:
+        for process in processes:
+            process.kill()
+    assert ok and rank == 0, value
+    outcome = pickle.loads(value)
+    frozen = _frozen_at(tmp_path / "frozen_for_good")
+    named = [at for at, message in outcome["heard"] if "rank 1 is stalled" in message]
+    assert named and named[0] - frozen < STALL_AFTER + 5, outcome["heard"]
+    assert "rank 1 is stalled" in outcome["failure"], outcome

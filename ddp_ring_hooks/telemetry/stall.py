@@ -355,7 +355,8 @@ class StallWatchdog(Watcher):
             return
         self._stall.next_report = (waited // self.stall_after + 1) * self.stall_after
         others = self._board.read(timeout=STORE_ANSWER_S)
-        finding = diagnose(record, others, world_size=self._world_size, now=time.time())
+        # As of this poll (the record's time), not of the store's answer.
+        finding = diagnose(record, others, world_size=self._world_size, now=record.reported)
         self._report = finding.text
         if timed_out:
             self._time_out(finding, others, waited)

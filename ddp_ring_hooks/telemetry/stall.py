@@ -43,6 +43,7 @@ watcher of the observation (:mod:`.observation`) names it, in four parts::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -118,7 +119,6 @@ class _BucketProgress(ExecutionObserver):
 
     def __init__(self, watchdog: StallWatchdog, bucket: BucketWatch) -> None:
         self.watchdog = watchdog
-        self.bucket = bucket
         self.iteration = bucket.step - 1
         self.index = bucket.index
         self.is_last = bucket.is_last
@@ -128,7 +128,9 @@ class _BucketProgress(ExecutionObserver):
         self.handed = time.monotonic()
         #: (since, phase, step index, steps, peer) once the all-reduce started; None: queued.
         self.state: tuple | None = None
+        self.started: float | None = None
         self.finished: float | None = None
+        self.explain = None  # how the hook state names this bucket's failure (see launched)
         self.gpu_done = None  # a CUDA event after the bucket's work (on CUDA)
         self._guarded: torch.futures.Future | None = None
         self._settled = False
@@ -139,6 +141,8 @@ class _BucketProgress(ExecutionObserver):
 
     def on_phase(self, phase: str) -> None:
         self.state = (time.monotonic(), phase, None, None, None)
+        if self.started is None:
+            self.started = self.state[0]
 
     def on_wait(self, index: int, num_steps: int, peer: int) -> None:
         self.state = (time.monotonic(), self.state[1] if self.state else None, index, num_steps, peer)
@@ -185,8 +189,7 @@ class _BucketProgress(ExecutionObserver):
             if self._guarded is None or self._settled:
                 return None
             self._settled = True
-        explain = self.bucket.explain or (lambda cause: cause)
-        return explain(error)
+        return self.explain(error) if self.explain is not None else error
 
     def fail(self, failure: BaseException, *, let_go_by: float) -> None:
         """Fail the claimed Future with ``failure``, once the thread that ran the bucket has
@@ -194,16 +197,37 @@ class _BucketProgress(ExecutionObserver):
         self._let_go.wait(max(0.0, let_go_by - time.monotonic()))
         self._guarded.set_exception(failure)
 
+    def record(self) -> FinishedBucket:
+        """What the flight recorder keeps of it, once finished (no reference to the bucket)."""
+        return FinishedBucket(self.iteration, self.index, self.algorithm, self.nbytes, self.handed, self.started,
+                              self.finished)
+
     def describe(self, wall_offset: float, now: float) -> dict:
-        """This bucket for the dump: what it is, when it was handed over, where it is."""
+        """This open bucket for the dump: what it is, when it was handed over, where it waits."""
         since, phase, index, steps, peer = self.state or (None,) * 5
-        entry = {"iteration": self.iteration, "bucket": self.index, "algorithm": self.algorithm, "bytes": self.nbytes,
-                 "handed_over": round(self.handed + wall_offset, 3)}
-        if self.finished is not None:
-            return {**entry, "started_s": None if since is None else round(since - self.handed, 6),
-                    "finished_s": round(self.finished - self.handed, 6)}
-        return {**entry, "phase": phase, "step": None if index is None else f"{index + 1}/{steps}", "peer": peer,
+        return {"iteration": self.iteration, "bucket": self.index, "algorithm": self.algorithm, "bytes": self.nbytes,
+                "handed_over": round(self.handed + wall_offset, 3), "phase": phase,
+                "step": None if index is None else f"{index + 1}/{steps}", "peer": peer,
                 "waiting_s": None if since is None else round(now - since, 3)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FinishedBucket:
+    """One finished bucket in the flight recorder (monotonic seconds)."""
+
+    iteration: int
+    bucket: int
+    algorithm: str
+    bytes: int
+    handed: float
+    started: float | None
+    finished: float
+
+    def describe(self, wall_offset: float) -> dict:
+        return {"iteration": self.iteration, "bucket": self.bucket, "algorithm": self.algorithm, "bytes": self.bytes,
+                "handed_over": round(self.handed + wall_offset, 3),
+                "started_s": None if self.started is None else round(self.started - self.handed, 6),
+                "finished_s": round(self.finished - self.handed, 6)}
 
 
 class StallWatchdog(Watcher):
@@ -218,9 +242,9 @@ class StallWatchdog(Watcher):
         self.recorder = recorder
         self.poll_s = min(max(self.stall_after / 10, 0.1), 5.0)
         #: The flight recorder: the last finished buckets (appends only on the hot path).
-        self.recent: deque[_BucketProgress] = deque(maxlen=FLIGHT_RECORDER_BUCKETS)
+        self.recent: deque[FinishedBucket] = deque(maxlen=FLIGHT_RECORDER_BUCKETS)
         self._open: dict[_BucketProgress, None] = {}  # running or queued, in hand-over order
-        self._handed: _BucketProgress | None = None  # the bucket between hand-over and launch
+        self._handed: tuple[BucketWatch, _BucketProgress] | None = None  # between hand-over and launch
         self._training = (time.monotonic(), "starting", 0)  # (since, what, iteration)
         self._steps_seen = 0
         self._group = None
@@ -247,7 +271,8 @@ class StallWatchdog(Watcher):
     def on_bucket(self, bucket: BucketWatch) -> ExecutionObserver:
         if self._thread is None and not self._closed:
             self._start(bucket)
-        progress = self._handed = _BucketProgress(self, bucket)
+        progress = _BucketProgress(self, bucket)
+        self._handed = (bucket, progress)
         if bucket.index == 0:
             self._training = (progress.handed, "backward", progress.iteration)
         self._steps_seen = bucket.step
@@ -258,9 +283,10 @@ class StallWatchdog(Watcher):
     def launched(self, bucket: BucketWatch, future: torch.futures.Future) -> torch.futures.Future:
         """The Future DDP waits on: one this watchdog can fail at ``stall_timeout`` (on the CPU;
         on CUDA the Future completes as the work is enqueued, long before anything could stall)."""
-        progress, self._handed = self._handed, None
-        if progress is None or progress.bucket is not bucket or progress.on_gpu or future.done():
+        (handed, progress), self._handed = self._handed or (None, None), None
+        if handed is not bucket or progress.on_gpu or future.done():
             return future
+        progress.explain = bucket.explain
         return progress.guard(future)
 
     # -- the bucket's thread -----------------------------------------------------------------
@@ -273,7 +299,7 @@ class StallWatchdog(Watcher):
                 return
             idle = not self._open
         progress.finished = now
-        self.recent.append(progress)
+        self.recent.append(progress.record())
         if idle and progress.is_last:
             self._training = (now, "after the all-reduce", progress.iteration)
 
@@ -415,7 +441,7 @@ class StallWatchdog(Watcher):
             "finding": finding.to_dict(),
             "records": None if others is None else {str(rank): vars(record) for rank, record in sorted(others.items())},
             "open_buckets": [progress.describe(wall, now) for progress in open_buckets],
-            "last_buckets": [progress.describe(wall, now) for progress in list(self.recent)],
+            "last_buckets": [finished.describe(wall) for finished in list(self.recent)],
         }
         directory = group_log_dir(self.log_dir, self._group)
         path = os.path.join(directory, f"stall_rank{self._rank}.json")

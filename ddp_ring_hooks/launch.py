@@ -68,9 +68,11 @@ def run_on_ranks(
 
 def _as_torchrun_would(rank: int, world_size: int, fn, args) -> Any:
     # torchrun's default for several ranks per machine: one thread each (spawn_ranks sets it),
-    # and LOCAL_WORLD_SIZE / LOCAL_RANK, which some options read, as torchrun sets them.
+    # and LOCAL_WORLD_SIZE / LOCAL_RANK / GROUP_RANK (one node), which some options read, as
+    # torchrun sets them.
     os.environ.setdefault("LOCAL_WORLD_SIZE", str(world_size))
     os.environ.setdefault("LOCAL_RANK", str(rank))
+    os.environ.setdefault("GROUP_RANK", "0")
     return fn(*args)
 
 

@@ -64,6 +64,18 @@ class Net(torch.nn.Module):
         return self.unused(out) if use_all else out
 
 
+def sgd_steps(model: torch.nn.Module, rank: int, steps: int = 3) -> list[torch.Tensor]:
+    """Train ``model`` (a DDP-wrapped :class:`Net`) for ``steps`` SGD steps on this rank's
+    seeded inputs; the parameters after them."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    generator = torch.Generator().manual_seed(rank)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(8, 32, generator=generator)).square().mean().backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
 def rank_input(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """The seeded input of ``rank``: the same on every run, different per rank and size."""
     generator = torch.Generator().manual_seed(1000 * rank + numel)

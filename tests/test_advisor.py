@@ -492,13 +492,13 @@ def test_a_hierarchical_run_is_advised_with_its_own_node_size_wherever_its_log_i
     records[0] = dataclasses.replace(records[0], algorithm="hierarchical", world_size=4, local_world_size=2)
     model = step_model(records)
     here = run_setting(model.profile)
-    assert setting_options(model.profile, here) == {"local_size": 2}
+    assert setting_options(model.profile, here) == {"local_size": 2, "ring_order": "rank", "node_of": None}
     assert model.predict(here).step_ms == pytest.approx(model.profile.step_ms)  # the run itself, exactly
     algorithms = {row["value"] for row in advise(records)["what_if"] if row["knob"] == "algorithm"}
     assert {"ring", "tree", "hierarchical"} <= algorithms
     # An option the setting gives wins over the run's environment.
     eight = replace(here, world_size=8, algorithm_options=(("local_size", 4),))
-    assert setting_options(model.profile, eight) == {"local_size": 4}
+    assert setting_options(model.profile, eight) == {"local_size": 4, "ring_order": "rank", "node_of": None}
     assert bytes_factor("hierarchical", 8, **setting_options(model.profile, eight)) == pytest.approx(1.75)
 
 
@@ -514,3 +514,17 @@ def test_the_accuracy_benchmark_ends_with_a_verdict_per_model_and_target():
         "target char-lm median |error| <= 10%: 3.0%, met",
         "target char-lm worst |error| <= 25%: 9.0%, met",
     ]
+
+
+def test_a_ring_order_reaches_the_advisor_as_any_option_does():
+    """The ring's ``ring_order`` is priced like every registry option: on one tier of links every
+    order of the ring costs the same (two tiers: ``cost_model.two_tier``)."""
+    from ddp_ring_hooks.advisor.step_model import setting_options
+
+    model = step_model(timeline(ready=[2.0, 20.0]))
+    here = run_setting(model.profile)
+    reversed_ring = replace(here, algorithm_options=(("ring_order", [1, 0]),))
+    assert setting_options(model.profile, reversed_ring) == {"ring_order": (1, 0), "node_of": None}
+    assert model.predict(reversed_ring).step_ms == pytest.approx(model.predict(here).step_ms)
+    with pytest.raises(ValueError, match="ring: ring_order=\\(1, 1\\) names a rank twice"):
+        model.predict(replace(here, algorithm_options=(("ring_order", (1, 1)),)))

@@ -63,7 +63,7 @@ def test_hierarchical_is_a_candidate_only_across_several_multi_rank_nodes(monkey
     assert "hierarchical" in default_candidates(8, local_size=4)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     selector = AutoSelector(LINKS, 8)
-    assert selector.options["hierarchical"] == {"local_size": 2}
+    assert selector.options["hierarchical"]["local_size"] == 2
 
 
 def test_bad_candidates_are_named():
@@ -73,9 +73,13 @@ def test_bad_candidates_are_named():
 
 def test_candidate_options_are_the_registrys_and_each_reaches_the_candidates_that_take_it(monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    selector = AutoSelector(LINKS, 8, segments=3, local_size=4)
-    assert selector.options["tree"] == {"segments": 3} and selector.options["hierarchical"] == {"local_size": 4}
-    assert selector.options["ring"] == {}
+    selector = AutoSelector(LINKS, 8, segments=3, local_size=4, ring_order=[0, 2, 4, 6, 1, 3, 5, 7])
+    order = {"ring_order": (0, 2, 4, 6, 1, 3, 5, 7), "node_of": None}  # to both rings, as a tuple
+    assert selector.options["tree"] == selector.options["double_binary_tree"] == {"segments": 3}
+    assert selector.options["hierarchical"] == {"local_size": 4, **order} and selector.options["ring"] == order
+    assert selector.options["halving_doubling"] == {}
+    with pytest.raises(ValueError, match="ring: ring_order=\\(0, 0\\) names a rank twice"):
+        AutoSelector(LINKS, 8, ring_order=(0, 0))
     with pytest.raises(ValueError, match="tree: segments=0 must be an integer >= 1"):
         AutoSelector(LINKS, 8, segments=0)  # the option's own check, as for HookState(algorithm="tree")
     with pytest.raises(TypeError, match="unknown option 'segmnts' \\(did you mean 'segments'\\?\\); it takes calibration"):
@@ -187,7 +191,7 @@ def probe_with_nodes_of_different_sizes(rank: int, world_size: int) -> dict:
 def test_nodes_of_different_sizes_leave_hierarchical_out_on_every_rank():
     reports = run_ranks(probe_with_nodes_of_different_sizes, 4, timeout=240)
     for report in reports:
-        assert report["agreed_when_equal"] == {"local_size": 2}
+        assert report["agreed_when_equal"] == {"local_size": 2, "ring_order": "rank", "node_of": None}
         assert report["agreed"]["hierarchical"] is None and report["agreed"]["tree"] == {"segments": 1}
         assert "hierarchical is a candidate but the ranks do not agree on its options" in report["hierarchical_asked_for"]
         assert "LOCAL_WORLD_SIZE, which differs between nodes" in report["hierarchical_asked_for"]

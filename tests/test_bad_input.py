@@ -171,7 +171,7 @@ def test_unknown_algorithm_names_the_choices(outcomes):
 
 def test_unknown_option_names_what_the_algorithm_accepts(outcomes):
     message = _error(outcomes, "unknown option")
-    assert "unknown option 'chunk_count'" in message and "the ring algorithm takes no options" in message
+    assert "unknown option 'chunk_count'" in message and "the ring algorithm takes ring_order, node_of" in message
 
 
 def test_hierarchical_node_size_must_divide_world_size(outcomes):
@@ -254,7 +254,7 @@ def test_different_bucket_sizes_fail_on_every_rank_and_leave_the_group_usable(ou
 @pytest.mark.parametrize(
     "case, differs, advice",
     [
-        ("different hierarchical local_size", "schedule differs: rank 0: 0x", "the same local_size=G on every rank"),
+        ("different hierarchical local_size", "schedule differs: rank 0: 0x", "local_size (default: LOCAL_WORLD_SIZE"),
         ("observers on rank 0 only", "worker lanes differs: rank 0: 1, rank 1: 2", "give every rank observers or none"),
         ("different concurrent_buckets", "worker lanes differs: rank 0: 1, rank 1: 2", "the same concurrent_buckets"),
     ],

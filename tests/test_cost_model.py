@@ -17,7 +17,7 @@ from ddp_ring_hooks.cli.model import format_seconds, parse_bandwidth, parse_size
 from ddp_ring_hooks.cost_model import (
     Calibration, bytes_sent_per_rank, count_steps, fit, fit_per_algorithm, fit_records, predict, simulate,
 )
-from ddp_ring_hooks.schedules import ALGORITHMS, build_schedule
+from ddp_ring_hooks.schedules import ALGORITHMS, build_schedule, schedule_nodes
 from tests.conftest import algorithm_cases
 
 N = 3.0e6  # bytes per rank
@@ -38,7 +38,7 @@ def test_closed_forms_equal_the_step_by_step_cost_of_the_schedules(world_size):
         if algorithm == "hierarchical":
             local = {"local_alpha": rng.uniform(1e-7, 1e-6), "local_beta": rng.uniform(1e-12, 1e-11)}
         schedule = build_schedule(algorithm, world_size, **options)
-        simulated = simulate(schedule, N, **params, **local, ranks_per_node=options.get("local_size"))
+        simulated = simulate(schedule, N, **params, **local, placement=schedule_nodes(schedule))
         assert predict(algorithm, N, world_size, **params, **local, **options) == pytest.approx(simulated, rel=1e-12), (
             algorithm, options,
         )

@@ -82,12 +82,12 @@ def test_names_addresses_and_placement_follow_the_slot():
     devices = [d for link in flat.links for d in (link.near_device, link.far_device)] + [flat.bridge]
     assert all(d.startswith("drh7-") and len(d) <= 15 for d in devices)  # Linux device names: 15 characters
     assert [flat.host_link(h).rate for h in (2, 3)] == [400_000_000, 100_000_000]
-    assert flat.bottleneck == 100_000_000 and flat.node_of(5) == 5
+    assert flat.bottleneck == 100_000_000 and flat.node_of_host(5) == 5
     # c10d ranks torchrun agents by their address string: the names must sort in host order.
     assert sorted(range(12), key=flat.host_name) == list(range(12))
 
     by_node = Plan(slot=0, spec=lab_spec(hosts=4, nodes=2, uplink="400Mbit"))
-    assert [by_node.node_of(h) for h in range(4)] == [0, 0, 1, 1] and by_node.hosts_of(1) == (2, 3)
+    assert [by_node.node_of_host(h) for h in range(4)] == [0, 0, 1, 1] and by_node.hosts_of(1) == (2, 3)
     assert by_node.host_link(0).rate is None and by_node.uplink(1).rate == 400_000_000 and by_node.bottleneck == 400_000_000
     alternating = Plan(slot=0, spec=lab_spec(hosts=4, nodes=2, uplink="400Mbit", placement=(0, 1, 0, 1)))
     assert alternating.hosts_of(0) == (0, 2) and alternating.host_link(1).far_namespace == "drh0-n1"
@@ -219,7 +219,7 @@ def test_links_move_bytes_at_the_shaped_rate(lab_machine):
         lab.set_rate("100Mbit", host=1)  # while the lab runs
         assert transfer_ratio(lab, 0, 1, "100Mbit") == pytest.approx(1.0, abs=0.15)
     with EmulatedCluster(hosts=4, nodes=2, uplink="200Mbit", slow={3: "50Mbit"}) as lab:
-        assert [lab.node_of(h) for h in range(4)] == [0, 0, 1, 1]
+        assert [lab.node_of_host(h) for h in range(4)] == [0, 0, 1, 1]
         assert transfer_ratio(lab, 0, 2, "200Mbit") == pytest.approx(1.0, abs=0.15)  # across the two uplinks
         assert transfer_ratio(lab, 1, 0, "200Mbit") < 0.25  # inside a node: unshaped
         assert transfer_ratio(lab, 2, 3, "50Mbit", nbytes=2 * MiB) == pytest.approx(1.0, abs=0.15)  # the slow host

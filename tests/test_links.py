@@ -274,7 +274,7 @@ def test_the_command_on_local_ranks_measures_every_link_and_writes_its_files(tmp
     assert all(len(values) == 2 for values in _per_link(matrix).values())  # 3 rounds, one bye each, 2 repeats
     assert all(b > 0 for b in matrix.bandwidths.values())
     assert (tmp_path / "links.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert matrix.nodes == (0, 0, 0) and matrix.nodes_from == "LOCAL_WORLD_SIZE"  # spawned like torchrun on one machine
+    assert matrix.nodes == (0, 0, 0) and matrix.nodes_from == "GROUP_RANK"  # spawned like torchrun on one machine
     lines = done.stdout.splitlines()
     assert "3 ranks, gloo, 64K per transfer, 3 rounds x 2 repeats" in lines[0]
     assert lines[2].split() == ["from\\to", "0", "1", "2"] and lines[6].startswith("links: ")

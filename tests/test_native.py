@@ -18,7 +18,7 @@ import torch
 
 from ddp_ring_hooks.runtime.collectives import backend_for, check_device_backend
 from tests._dist import run_ranks
-from tests.conftest import Net, native_and_ring_in_one_backward
+from tests.conftest import Net, native_and_ring_in_one_backward, sgd_steps
 from tests.test_telemetry import _scalars
 
 STEPS = 4
@@ -37,15 +37,10 @@ def _train(rank: int, hook: str, **ddp_options) -> list[torch.Tensor]:
         state = ddp_ring_hooks.register(model, algorithm="native")
     elif hook == "allreduce_hook":
         model.register_comm_hook(dist.group.WORLD, allreduce_hook)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    generator = torch.Generator().manual_seed(rank)
-    for _ in range(STEPS):
-        optimizer.zero_grad()
-        model(torch.randn(8, 32, generator=generator)).square().mean().backward()
-        optimizer.step()
+    params = sgd_steps(model, rank, STEPS)
     if hook == "native":
         state.close()
-    return [p.detach().clone() for p in model.parameters()]
+    return params
 
 
 def _train_three_ways(rank: int, world_size: int) -> dict:

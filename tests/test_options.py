@@ -19,7 +19,7 @@ def test_a_typo_in_a_state_option_fails_at_construction_naming_the_right_one():
         HookState(algorithm="ring", log_dirr="runs/x")
     message = str(caught.value)
     assert "unknown option 'log_dirr'" in message and "did you mean 'log_dir'" in message
-    assert "the ring algorithm takes no options" in message
+    assert "the ring algorithm takes ring_order, node_of" in message
 
 
 def test_a_typo_in_an_algorithm_option_names_that_algorithms_options():
@@ -46,7 +46,7 @@ def test_defaults_are_filled_in_and_the_environment_is_read_once(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     state = HookState(algorithm="hierarchical")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # later changes do not reach the state
-    assert state.algorithm_options == {"local_size": 2}
+    assert state.algorithm_options == {"local_size": 2, "ring_order": "rank", "node_of": None}
 
 
 def test_one_message_for_an_unknown_name_everywhere():

@@ -101,7 +101,9 @@ def test_bad_values_are_rejected_with_the_fix():
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "kind"), [("ring", "ring"), ("naive", "star"), ("tree", "tree"), ("halving_doubling", "ring"), ("hierarchical", "nodes")]
+    ("algorithm", "kind"),
+    [("ring", "ring"), ("naive", "star"), ("tree", "tree"), ("double_binary_tree", "trees"), ("halving_doubling", "ring"),
+     ("hierarchical", "nodes")],
 )
 def test_each_algorithm_gets_its_layout(algorithm, kind):
     if algorithm not in ALGORITHMS:
@@ -118,7 +120,7 @@ def test_hierarchical_layout_reads_the_node_size_the_schedule_was_built_with(mon
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # what torchrun sets; the builder reads it too
     schedule = checked_schedule("hierarchical", 6)
     layout = choose_layout(schedule)  # the node size the schedule carries, read from the environment once
-    assert dict(schedule.options) == {"local_size": 2}
+    assert dict(schedule.options)["local_size"] == 2
     assert layout.kind == "nodes" and layout == choose_layout(checked_schedule("hierarchical", 6, local_size=2))
 
 

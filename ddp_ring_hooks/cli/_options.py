@@ -29,11 +29,14 @@ def flag(name: str) -> str:
 
 def add_option_arguments(parser, *, when_needed: str = "") -> None:
     """One flag per registered option (by name, so a few stay in alphabetical order) on
-    ``parser`` (or an argument group). ``when_needed`` is added to the help of an option
-    without a default, ``{algorithms}`` standing for the ones that take it."""
+    ``parser`` (or an argument group). ``when_needed`` is added to the help of a required
+    option (one without a usable default), ``{algorithms}`` standing for the ones that take it;
+    an optional one without a default says in its ``doc`` what happens when it is left out."""
     for name, (option, owners) in sorted(options_by_name().items()):
         takers = " and ".join(", ".join(owners).rsplit(", ", 1))
-        default = f" (default: {option.default})" if option.default is not None else when_needed.format(algorithms=takers)
+        default = f" (default: {option.default})" if option.default is not None else ""
+        if option.required:
+            default = when_needed.format(algorithms=takers)
         try:
             parser.add_argument(
                 flag(name), dest=name, type=option.parse, default=None, metavar=option.metavar,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..viz import simulate
+from ..viz import format_ring_order, simulate
 from ..viz.animate import SUFFIXES, render_animation
 from ..viz.layout import choose_layout
 from . import fail
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
             subtitle = f"replay of a recorded run ({len(recordings)} ranks, all-reduce #{args.run})"
         else:
             schedule = schedule_from_args(args)
+            subtitle = format_ring_order(schedule)
     except ValueError as error:
         return fail("animate", str(error))
     try:

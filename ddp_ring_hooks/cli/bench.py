@@ -4,13 +4,15 @@
     torchrun --standalone --nproc_per_node=4 -m ddp_ring_hooks bench -b 1M -e 1G    # NCCL on GPUs
     ddp-ring-hooks bench --nproc 2 --algorithms ring,native --rounds 5 --json bench.json --plot bench.png
     ddp-ring-hooks lab torchrun --hosts 4 --link 400Mbit -m ddp_ring_hooks bench -b 1M -e 64M   # a real network
+    ddp-ring-hooks bench --nproc 4 --algorithms ring,double_binary_tree --segments 8 --ring-order 0,2,1,3
 
 Columns as in nccl-tests: size (bytes), count (elements), time (us, slowest rank), algbw and
 busbw (GB/s, 1e9 bytes; busbw = algbw · 2(p-1)/p), #wrong (elements off the float64 sum by
 more than the rounding bound). When the link's rate B is known (--link, or on the emulated
 lab, which says it in $DDP_RING_HOOKS_LAB_LINK), also limit(us) = 2(p-1)/p · size / B, the
 time no all-reduce can beat, and time / limit. Exit status 1 when a value is wrong, 2 on bad arguments.
-See :mod:`ddp_ring_hooks.bench` for how it measures.
+See :mod:`ddp_ring_hooks.bench` for how it measures. The algorithms' options are flags, one
+per option in the algorithm registry; each goes to the chosen algorithms that take it.
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ def run_up(args: argparse.Namespace) -> int:
         return fail("lab up", str(error))
     print(f"lab {lab.name} is up: {lab.spec.describe()}")
     for host in range(lab.hosts):
-        print(f"  host {host}  {lab.address(host):<12} netns {lab.namespace(host):<10} node {lab.node_of(host)}")
+        print(f"  host {host}  {lab.address(host):<12} netns {lab.namespace(host):<10} node {lab.node_of_host(host)}")
     print("run on it:  ddp-ring-hooks lab run -- hostname -I\n"
           "            ddp-ring-hooks lab torchrun train_examples/ddp_ring.py\n"
           "remove it:  ddp-ring-hooks lab down")

@@ -129,7 +129,7 @@ def priced_without_options() -> list[str]:
     every option (hierarchical needs --local-size; native has no formula)."""
     return [
         name for name in algorithm_names()
-        if get_algorithm(name).cost is not None and all(o.default is not None for o in get_algorithm(name).options)
+        if get_algorithm(name).cost is not None and not any(o.required for o in get_algorithm(name).options)
     ]
 
 
@@ -138,7 +138,7 @@ def algorithms_needing(given: dict) -> list[str]:
     return [
         name for name in algorithm_names()
         if get_algorithm(name).cost is not None
-        and any(o.default is None and given.get(o.name) is not None for o in get_algorithm(name).options)
+        and any(o.required and given.get(o.name) is not None for o in get_algorithm(name).options)
     ]
 
 

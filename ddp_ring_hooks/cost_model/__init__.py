@@ -4,12 +4,22 @@
     simulate(build_schedule("ring", p), nbytes, alpha=..., beta=...)  # same, from the schedule
     fit([(nbytes, seconds), ...])                           # α, β from measurements
     fit_per_algorithm(bench_records)                        # {algorithm: Calibration}
+    simulate(schedule, nbytes, placement=..., shared_uplinks=True, ...)  # nodes sharing uplinks
+    price(uplink_terms(schedule, placement), nbytes, alpha=..., beta=..., local_alpha=..., local_beta=...)
 
 Pure Python: no torch import, so it runs anywhere the schedules do.
 """
 
 from .fit import Calibration, fit, fit_per_algorithm, fit_records
-from .formulas import coefficients, cost_terms, predict
+from .formulas import coefficients, cost_terms, predict, price
 from .schedule_costs import bytes_sent_per_rank, count_steps, simulate
+from .two_tier import (
+    RingCrossings, UplinkTraffic, hierarchical_uplink_cost, ring_crossings, ring_uplink_cost, uplink_terms,
+    uplink_traffic,
+)
 
-__all__ = ["Calibration", "bytes_sent_per_rank", "coefficients", "cost_terms", "count_steps", "fit", "fit_per_algorithm", "fit_records", "predict", "simulate"]
+__all__ = [
+    "Calibration", "RingCrossings", "UplinkTraffic", "bytes_sent_per_rank", "coefficients", "cost_terms", "count_steps",
+    "fit", "fit_per_algorithm", "fit_records", "hierarchical_uplink_cost", "predict", "price", "ring_crossings",
+    "ring_uplink_cost", "simulate", "uplink_terms", "uplink_traffic",
+]

@@ -3,9 +3,11 @@
 Every formula in :mod:`.formulas` is linear in its parameters: ``T = α·A + β·B`` where ``A``
 and ``B`` depend only on the algorithm, ``n`` and ``p``. So a set of measured
 ``(algorithm, p, n, T)`` gives an ordinary linear least-squares problem. γ is not fitted: in
-every flat formula the γ coefficient is exactly half the β one (a rank adds half the bytes it
-moves), so no measurement can tell them apart; the fitted β is ``β + γ/2``, which predicts
-the same times.
+every flat formula but the double binary tree's the γ coefficient is exactly half the β one
+(a rank adds half the bytes it moves), so no measurement can tell them apart; the fitted β is
+``β + γ/2``, which predicts the same times. (The double binary tree adds in its reduce, which
+takes up to twice the steps of its broadcast: its fitted β stands for ``β`` plus ``γ/2`` with
+many segments to ``2γ/3`` with one.)
 
 Residuals are weighted by ``1/T`` (relative error): a 10 µs and a 100 ms measurement count
 the same, which is what "predicted within 25%" means; unweighted, the largest buffers would

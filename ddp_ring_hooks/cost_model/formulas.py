@@ -11,17 +11,19 @@ Sending a message of ``m`` bytes costs ``α + mβ`` and adding ``m`` received by
 | naive              | 2(p-1)(α + nβ) + (p-1)nγ                                              |
 | ring               | 2(p-1)α + 2(p-1)/p·nβ + (p-1)/p·nγ                                    |
 | tree (k segments)  | 2(L+k-1)(α + nβ/k) + (L+k-1)·nγ/k,  L = ⌈lg p⌉                        |
+| double_binary_tree | (U+L+2k-2)(α + nβ/2k) + (U+k-1)·nγ/2k,  U = 2L-2 (+1 for p = 2^L)      |
 | halving_doubling   | (2 lg p' + 2f)α + (2(p'-1)/p' + 2f)nβ + ((p'-1)/p' + f)nγ             |
 | hierarchical (G)   | 2(G-1)α_l + 2(G-1)/G·nβ_l + 2(N-1)α + 2(N-1)/(NG)·nβ + (p-1)/p·nγ     |
 
 (``p'`` the largest power of two ``<= p``, ``f = 1`` when ``p != p'``; ``N = p / G`` nodes.)
-Sources: Thakur, Rabenseifner and Gropp 2005 for ring, tree and halving-doubling; the naive
-and hierarchical forms are derived from their schedules. Each formula lives beside its
+Sources: Thakur, Rabenseifner and Gropp 2005 for ring, tree and halving-doubling; the naive,
+double binary tree and hierarchical forms are derived from their schedules. Each formula lives beside its
 schedule (``ring_cost`` in ``schedules/ring.py``, ...) as :class:`CostTerms`, reached through
 the algorithm registry; this module multiplies them out. Every formula counts each link on
 its own (a rank may receive from two peers at once), the same rule as
 :func:`~ddp_ring_hooks.cost_model.simulate`, and the tests check each one against the steps
-and bytes of the schedule it describes.
+and bytes of the schedule it describes. Links that share a NIC or a node's uplink are
+priced by :mod:`.two_tier` and by ``simulate(..., shared_uplinks=True)``.
 """
 
 from __future__ import annotations
@@ -67,9 +69,24 @@ def predict(
         >>> predict("ring", 1e9, 64, alpha=5e-6, beta=1e-11)   # 1 GB at 100 GB/s
         0.0203...
     """
+    terms = cost_terms(algorithm, world_size, **options)
+    return price(terms, nbytes, alpha=alpha, beta=beta, gamma=gamma, local_alpha=local_alpha, local_beta=local_beta)
+
+
+def price(
+    terms: CostTerms,
+    nbytes: float,
+    *,
+    alpha: float,
+    beta: float,
+    gamma: float = 0.0,
+    local_alpha: float | None = None,
+    local_beta: float | None = None,
+) -> float:
+    """Seconds for ``terms`` on an ``nbytes`` buffer: ``messages·α + n·(bytes·β + reduced·γ)
+    + local_messages·α_l + n·local_bytes·β_l`` (``α_l, β_l`` default to ``α, β``)."""
     if nbytes < 0 or min(alpha, beta, gamma) < 0:
         raise ValueError("nbytes, alpha, beta and gamma must be non-negative")
-    terms = cost_terms(algorithm, world_size, **options)
     n = float(nbytes)
     a_l = alpha if local_alpha is None else local_alpha
     b_l = beta if local_beta is None else local_beta

@@ -9,11 +9,22 @@ The time of one step is set by its slowest link, every ``src -> dst`` pair being
 link (links are full duplex and a rank may use several at once)::
 
     step time = max over links ( α + bytes·β + [received bytes are added]·bytes·γ )
+
+Given the node of every rank, links inside a node cost ``α_l, β_l``; with ``shared_uplinks``,
+each node has one uplink each way that every link leaving (entering) it shares, so a link
+between nodes waits for the busier of the two uplinks it crosses::
+
+    node A                         node B      link a -> b costs
+      a ──┐                      ┌──▶ b          α + β · max(bytes out of A, bytes into B)
+      c ──┴═══ A's uplink out ═══┴──▶ d        (a -> b and c -> d share A's uplink)
+
+With every rank its own node that is the per-NIC model: a rank's links share its NIC.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 
 from ..schedules import Op, Schedule
 
@@ -40,15 +51,20 @@ def simulate(
     alpha: float,
     beta: float,
     gamma: float = 0.0,
-    ranks_per_node: int | None = None,
+    placement: Sequence[int] | None = None,
     local_alpha: float | None = None,
     local_beta: float | None = None,
+    shared_uplinks: bool = False,
 ) -> float:
     """Seconds the schedule takes in the α-β-γ model, step by step (see the module docstring).
 
-    With ``ranks_per_node``, a link between ranks of the same node (``r // ranks_per_node``)
-    costs ``local_alpha``/``local_beta`` (default: ``alpha``/``beta``).
+    With ``placement`` (the node of each rank: ``placement[r]``; nodes of ``G`` consecutive
+    ranks are ``[r // G for r in range(p)]``), a link between ranks of the same node costs
+    ``local_alpha``/``local_beta`` (default: ``alpha``/``beta``); with ``shared_uplinks`` too,
+    the links between nodes share each node's uplink (``alpha``/``beta`` are the uplink's).
     """
+    if shared_uplinks and placement is None:
+        raise ValueError("shared_uplinks needs placement: the node of each rank (range(p) for one NIC per rank)")
     chunk = nbytes / schedule.num_chunks
     total = 0.0
     for step in schedule.steps:
@@ -58,11 +74,20 @@ def simulate(
             link[0] += chunk
             if t.op is Op.REDUCE:
                 link[1] += chunk
+        leaving: dict[int, float] = defaultdict(float)  # bytes through each node's uplink, out and in
+        entering: dict[int, float] = defaultdict(float)
+        if shared_uplinks:
+            for (src, dst), (moved, _) in links.items():
+                if placement[src] != placement[dst]:
+                    leaving[placement[src]] += moved
+                    entering[placement[dst]] += moved
         slowest = 0.0
         for (src, dst), (moved, reduced) in links.items():
-            local = ranks_per_node is not None and src // ranks_per_node == dst // ranks_per_node
+            local = placement is not None and placement[src] == placement[dst]
             a = local_alpha if local and local_alpha is not None else alpha
             b = local_beta if local and local_beta is not None else beta
+            if shared_uplinks and not local:
+                moved = max(leaving[placement[src]], entering[placement[dst]])
             slowest = max(slowest, a + moved * b + reduced * gamma)
         total += slowest
     return total

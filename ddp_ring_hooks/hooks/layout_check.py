@@ -7,7 +7,7 @@ worse, add unrelated gradients together and train on garbage.
 
 The same goes for *how* the bucket is reduced: ranks that build different schedules
 (``hierarchical`` with a different ``local_size``, or ``LOCAL_WORLD_SIZE`` that differs between
-nodes) send chunks their peers do not expect, and ranks that put the bucket on different
+nodes; a ring with a different ``ring_order`` or ``node_of``) send chunks their peers do not expect, and ranks that put the bucket on different
 worker lanes (a different ``concurrent_buckets``, or ``observers`` on some ranks only) tag
 their messages differently, so the peers wait forever.
 
@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from ..runtime.collectives import all_gather_ints
 from ..runtime.names import NATIVE, runnable_algorithms
-from ..schedules import Schedule
+from ..schedules import Schedule, get_algorithm
 
 #: dtype <-> small integer code for the all-gathered row (same table on every rank).
 _DTYPES = (
@@ -117,9 +117,8 @@ def describe_mismatch(rows: list[list[int]], *, iteration: int) -> str:
         )
     if _ALGORITHM in differing or _SCHEDULE in differing:
         lines.append(
-            "Every rank must run the same algorithm with the same options: pass the same algorithm "
-            "and, for hierarchical, the same local_size=G on every rank (without it, each rank reads "
-            "LOCAL_WORLD_SIZE, which differs when nodes run different numbers of ranks)."
+            "Every rank must run the same algorithm with the same values of its options"
+            + _options_of(rows) + "."
         )
     if _LANES in differing:
         lines.append(
@@ -129,6 +128,24 @@ def describe_mismatch(rows: list[list[int]], *, iteration: int) -> str:
         )
     lines.append("HookState(check_layout_steps=0) turns this check off.")
     return "\n".join(lines)
+
+
+def _options_of(rows: list[list[int]]) -> str:
+    """``"; ring's options: ring_order, node_of"``, for each algorithm the ranks chose, and where
+    a default comes from the environment (which can differ between nodes)."""
+    known = runnable_algorithms()
+    named = sorted({known[row[_ALGORITHM]] for row in rows if 0 <= row[_ALGORITHM] < len(known)}, key=known.index)
+    parts = []
+    for name in named:
+        options = get_algorithm(name).options
+        if options:
+            shown = ", ".join(
+                option.name + (f" (default: {option.environment}, which differs when nodes run different "
+                               "numbers of ranks)" if option.environment else "")
+                for option in options
+            )
+            parts.append(f"{name}'s options: {shown}")
+    return "".join(f"; {part}" for part in parts)
 
 
 def _show(field: int, value: int) -> str:

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from ..advisor import advise
 from ..runtime import ExecutionObserver, run_schedule, worker_for, workers_of
 from ..runtime import cuda_lane as cuda
+from ..runtime import directions
 from ..runtime.collectives import check_device_backend
 from ..runtime.errors import CommunicationError
 from ..runtime.names import NATIVE, check_algorithm_name, has_schedule
@@ -163,6 +164,7 @@ class HookState:
             AutoSelector.probed(self.group, device=device, **_auto_options(options)) if algorithm == AUTO else None
         )
         cuda.prepare(self.group)  # NCCL: the side groups, made while every rank is here
+        directions.prepare(self.group)  # gloo: the upward transport, a socket per direction of each pair
         self.observation = Observation(telemetry, observers=observers, advice=advice_table, **telemetry_fields)
         check_stall_timeout(self.observation.options, self.group)
 
@@ -350,7 +352,8 @@ class HookState:
 
     def summary(self) -> str:
         """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw),
-        and a line naming the rank that kept the others waiting (with ``spread_every``)."""
+        a line naming the rank that kept the others waiting (with ``spread_every``), and one
+        naming a slow link or network (with ``links=True``)."""
         return self.telemetry.summary()
 
     def advise(self, **options) -> dict:

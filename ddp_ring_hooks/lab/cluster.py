@@ -197,8 +197,8 @@ class EmulatedCluster:
     def namespace(self, host: int) -> str:
         return self.plan.host_namespace(self._host(host))
 
-    def node_of(self, host: int) -> int:
-        return self.plan.node_of(self._host(host))
+    def node_of_host(self, host: int) -> int:
+        return self.plan.node_of_host(self._host(host))
 
     def hosts_of(self, node: int) -> tuple[int, ...]:
         return self.plan.hosts_of(node)
@@ -206,7 +206,7 @@ class EmulatedCluster:
     def environment(self, host: int, *, port: int) -> dict[str, str]:
         """What ``run`` sets on ``host``: torchrun's variables for one process per host (a node's
         hosts are its local ranks), rendezvous on host 0, plus :meth:`agent_environment`."""
-        node = self.node_of(host)
+        node = self.node_of_host(host)
         neighbours = self.hosts_of(node)
         return {
             "RANK": str(host), "WORLD_SIZE": str(self.hosts),
@@ -341,8 +341,8 @@ class EmulatedCluster:
         described = []
         for host in silent:
             why = ("its link was disconnected" if ("host", host) in self._disconnected else
-                   f"the uplink of node {self.node_of(host)} was disconnected"
-                   if ("node", self.node_of(host)) in self._disconnected else "its link is down or it is not up")
+                   f"the uplink of node {self.node_of_host(host)} was disconnected"
+                   if ("node", self.node_of_host(host)) in self._disconnected else "its link is down or it is not up")
             described.append(f"host {host} ({self.address(host)}, namespace {self.namespace(host)}): {why}")
         raise HostUnreachable(f"lab {self.name}: {len(silent)} host(s) cannot be reached from the switch, so a job "
                               "would wait for them: " + "; ".join(described), silent)

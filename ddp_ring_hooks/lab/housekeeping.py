@@ -55,7 +55,7 @@ def status_report() -> str:
             lines.append(f"  incomplete: namespaces {missing} are missing")
         for host in range(plan.spec.hosts):
             lines.append(f"  host {host}  {plan.address(host):<12} netns {plan.host_namespace(host):<10} "
-                         f"node {plan.node_of(host)}  device {plan.interface}")
+                         f"node {plan.node_of_host(host)}  device {plan.interface}")
     return "\n".join(lines) + "\n"
 
 

@@ -184,12 +184,12 @@ class Plan:
         that names sort in host order (torchrun's c10d rendezvous ranks its agents that way)."""
         return f"{self.name}-host{host:03d}"
 
-    def node_of(self, host: int) -> int:
+    def node_of_host(self, host: int) -> int:
         """The node that holds ``host`` (on a flat lab, each host is its own node)."""
         return self.spec.placement[host] if self.spec.nodes else host
 
     def hosts_of(self, node: int) -> tuple[int, ...]:
-        return tuple(host for host in range(self.spec.hosts) if self.node_of(host) == node)
+        return tuple(host for host in range(self.spec.hosts) if self.node_of_host(host) == node)
 
     @property
     def namespaces(self) -> tuple[str, ...]:
@@ -204,7 +204,7 @@ class Plan:
 
     def host_link(self, host: int) -> Link:
         """``host``'s link: to the switch on a flat lab, to its node's bridge on two tiers."""
-        far = self.node_namespace(self.node_of(host)) if self.spec.nodes else self.switch_namespace
+        far = self.node_namespace(self.node_of_host(host)) if self.spec.nodes else self.switch_namespace
         return Link(self.host_namespace(host), self.interface, far, f"{self.name}-h{host}", self.spec.host_rate(host))
 
     def uplink(self, node: int) -> Link:

@@ -27,8 +27,10 @@ def all_reduce(
     ``algorithm``: a schedule (:data:`ddp_ring_hooks.ALGORITHMS`), ``"native"`` (the group's
     own ``all_reduce``) or ``"auto"`` (per size, the candidate a calibrated cost model predicts
     fastest; the first call with given options probes every candidate, collectively, and is
-    remembered per group; options ``candidates=``, ``local_size=``, ``segments=``,
-    ``calibration=``, as for the hook).
+    remembered per group; its own options ``candidates=`` and ``calibration=``, and every
+    algorithm's, for the candidates that take them, as for the hook). Other options are the
+    algorithm's own (``segments=``, ``local_size=``, ``ring_order=``, ...: its registry record
+    lists them).
 
     Every rank ends with bit-identical values. Any shape and element count works (including
     0 and fewer elements than ranks); the sum happens in the tensor's dtype. On CUDA with NCCL
@@ -39,6 +41,7 @@ def all_reduce(
         >>> grad = torch.full((10,), float(dist.get_rank() + 1))
         >>> ddp_ring_hooks.all_reduce(grad)          # every rank: 1 + 2 + ... + p
         >>> ddp_ring_hooks.all_reduce(grad, algorithm="auto")
+        >>> ddp_ring_hooks.all_reduce(grad, ring_order=[0, 2, 1, 3])   # the ring in another order
     """
     check_algorithm_name(algorithm)
     if tensor.dtype == torch.bool:

@@ -35,3 +35,21 @@ def p2p_op(op, tensor: torch.Tensor, *, group: dist.ProcessGroup, peer: int) -> 
 def broadcast_from_first(tensor: torch.Tensor, *, group: dist.ProcessGroup | None) -> None:
     """Broadcast ``tensor`` from the group's rank 0 (not global rank 0)."""
     dist.broadcast(tensor, group=group, group_src=0)
+
+
+def gloo_options_like(group: dist.ProcessGroup) -> dist.ProcessGroupGloo._Options:
+    """Options for another gloo backend beside ``group``'s: the same devices (so its sockets
+    join the same event-loop thread), the same timeout, one worker thread (point-to-point
+    never uses them). Where this torch does not expose a backend's options
+    (``Backend.options`` is recent), the default device and timeout."""
+    options = dist.ProcessGroupGloo._Options()
+    existing = getattr(group._get_backend(torch.device("cpu")), "options", None)
+    options._devices = existing._devices if existing is not None else [dist.ProcessGroupGloo.create_default_device()]
+    options._timeout = existing._timeout if existing is not None else dist.default_pg_timeout
+    options._threads = 1
+    return options
+
+
+def group_store(group: dist.ProcessGroup) -> dist.Store:
+    """The store ``group`` was made on (prefixed by the group's name)."""
+    return dist.distributed_c10d._get_process_group_store(group)

@@ -4,15 +4,33 @@ Everything that depends only on the schedule, the rank and the buffer's size (wh
 goes where, which receive lands in scratch, where a division is fused) is compiled once into
 a :class:`~ddp_ring_hooks.runtime.program.Program` and cached; a call walks its events.
 
-For each step of its plan, a rank posts all its sends and receives (on NCCL as one
+For each step of its plan, a rank posts all its receives, then all its sends (on NCCL as one
 ``batch_isend_irecv`` batch, so their order cannot deadlock), waits for them, then applies
 the receives: ``chunk += received`` for a reduce, ``chunk = received`` for a copy. Sends read
 the chunk as it was before the step, exactly as the schedule's in-memory replay assumes.
+
+Receives first, because of how gloo moves a message (``gloo/transport/tcp/pair.cc``). A
+send only announces itself; its bytes leave once the receiver has answered that its receive is
+posted. Everything a rank writes to one peer, those answers and the payloads alike, goes
+through one first-in first-out queue on one TCP socket per pair of ranks. When a step
+exchanges chunks with one peer (the ring at 2 ranks, every step of halving-doubling,
+hierarchical's leaders) and a rank posts its send first to a peer whose receive is already
+announced, the payload starts at once and the rank's own answer ("my receive is posted") waits
+in the queue behind all of it: the peer's half starts only after this half has crossed the
+link, and the exchange takes up to twice as long on a network. Posted first, the receive's
+answer leaves before any payload and both halves travel at once, as in gloo's own ring
+(``gloo/allreduce.cc`` posts each segment's receive before its send). On CPU the two
+directions of a pair also travel on two gloo transports, the group and its *upward* one
+(:mod:`~ddp_ring_hooks.runtime.directions`): on one, both payloads of an exchange would take
+turns at one lock, which costs where copies rather than the wire set the pace (loopback).
 
 - Chunks are cut like ``flat.tensor_split(num_chunks)``: any element count works, uneven
   tails are allowed, and empty chunks send nothing (both ends know the sizes, so they agree).
 - A copy lands directly in the chunk; a reduce lands in a scratch buffer first.
 - Reductions happen in the buffer's own dtype, as NCCL does.
+- Per-link timing (an observer with a ``transfer_clock``, see :mod:`.observer`): each unit is
+  marked as it is posted and each receive as it lands, receives waited for before sends, and
+  the observer hears of the unit's transfers. Without such an observer none of it runs.
 - ``divisor`` averages instead of summing: each rank's contribution is divided by it *before*
   it is summed (so fp16 sums cannot overflow, as in PyTorch's ``allreduce_hook``), fused into
   the first pass over each chunk: a chunk about to be sent first is divided in place; a chunk
@@ -62,6 +80,7 @@ import torch.distributed as dist
 
 from ..schedules import Op, Schedule
 from .compat import p2p_op
+from .directions import upward_transport
 from .errors import StepFailedError
 from .observer import NULL_OBSERVER, ExecutionObserver
 from .program import Complete, Message, Post, Program, Unit, chunk_sizes, program_for
@@ -94,6 +113,8 @@ def run_schedule(
     every rank. NCCL has no tags (one stream orders its work).
     ``slice_bytes`` overrides :data:`SLICE_BYTES` on CPU (tests use it to get many
     slices from small tensors); CUDA tensors always run in one slice.
+    On CPU the first call on a group makes its upward transport (collective over the group's
+    members, see :mod:`~ddp_ring_hooks.runtime.directions`), unless a hook state made it.
     """
     group_size = dist.get_world_size(group)
     if schedule.world_size != group_size:
@@ -142,6 +163,7 @@ class _Execution:
         self.tag = tag
         self.observer = observer
         self.pieces = flat.split(program.piece_sizes)
+        self.element_size = flat.element_size()
         # Scratch is reused (see the module docstring): a fresh buffer of tens of MB costs a
         # page fault per 4 KB on every call on CPU, an allocator round trip per bucket on CUDA.
         numel = program.scratch_numel
@@ -152,6 +174,8 @@ class _Execution:
         # cached), so no kernel reads host memory and nothing syncs.
         self.divisor = _divisor_tensor(flat, divisor) if divisor != 1 else divisor
         self.start = _start_on_cpu if on_cpu else _start_batched
+        # Messages from a lower to a higher rank go on it (see runtime/directions.py).
+        self.upward = upward_transport(group) if on_cpu else group
 
     def run(self) -> None:
         in_flight: deque[list[dist.Work]] = deque()
@@ -160,15 +184,22 @@ class _Execution:
         # that (measured: 4 ranks x 64 KB took 30 ms per call instead of 10 ms).
         retired: list[list[dist.Work]] = []
         pieces, divisor = self.pieces, self.divisor
+        clock = self.observer.transfer_clock  # None unless a watcher times each link
+        posted: deque = deque()  # with a clock: each unit in flight's mark as it was posted
         for event in self.program.events:
             if type(event) is Post:
                 for piece in event.unit.divide:
                     pieces[piece].div_(divisor)
+                if clock is not None:
+                    posted.append(clock())
                 in_flight.append(self.start(self, event.unit))
                 retired.clear()
             elif type(event) is Complete:
                 works = in_flight.popleft()
-                self._wait(event.unit, works)
+                if clock is None:
+                    self._wait(event.unit, works)
+                else:
+                    self._wait_timed(event.unit, works, posted.popleft(), clock)
                 self._land(event)
                 retired.append(works)
             else:
@@ -197,6 +228,33 @@ class _Execution:
             coalesced = len(works) != len(unit.sends) + len(unit.receives)
             raise self._failure(error, unit, 0 if coalesced else position) from error
 
+    def _wait_timed(self, unit: Unit, works: list[dist.Work], posted, clock) -> None:
+        """:meth:`_wait` for per-link timing: the receives first, each marked with ``clock`` as
+        it landed (a receive's time is then not held up by a slow send of the same unit), then
+        the sends; the observer hears of the unit's transfers."""
+        messages = _posting_order(unit)
+        if len(works) != len(messages):  # NCCL coalesced the batch: it completes as one
+            self._wait(unit, works)
+            received = [clock() for _ in unit.receives]
+        else:
+            received = []
+            receives_first = sorted(range(len(works)), key=lambda i: messages[i][0] is not RECEIVE)
+            position = 0
+            num_steps = len(self.schedule.steps)
+            try:
+                for position in receives_first:
+                    self.observer.on_wait(unit.step, num_steps, messages[position][1].peer)
+                    works[position].wait()
+                    if messages[position][0] is RECEIVE:
+                        received.append(clock())
+            except RuntimeError as error:
+                raise self._failure(error, unit, position) from error
+        sizes, element_size = self.program.piece_sizes, self.element_size
+        self.observer.on_transfers(
+            unit.step, posted, [(m.peer, sizes[m.piece] * element_size) for m in unit.sends],
+            [(m.peer, sizes[m.piece] * element_size) for m in unit.receives], received,
+        )
+
     def _land(self, event: Complete) -> None:
         pieces, divisor = self.pieces, self.divisor
         for landing in event.landings:
@@ -214,7 +272,8 @@ class _Execution:
             self.observer.on_step(step, self.schedule.plan_for(self.rank)[step], self.program.chunk_bytes)
 
     def _failure(self, error: RuntimeError, unit: Unit, position: int) -> StepFailedError:
-        """The error naming the step and the peer of the unit's ``position``-th message."""
+        """The error naming the step and the peer of the unit's ``position``-th message in
+        :func:`_posting_order` (the order they are posted and waited for)."""
         direction, message = _message_at(unit, position)
         return StepFailedError(
             algorithm=self.schedule.algorithm,
@@ -229,31 +288,42 @@ class _Execution:
         )
 
 
+RECEIVE, SEND = "receive from", "send to"  # a message's direction, as errors name it
+
+
+def _posting_order(unit: Unit) -> list[tuple[str, Message]]:
+    """A unit's messages as they are posted, each with its direction: receives first (see the
+    module docstring), then sends."""
+    return [(RECEIVE, m) for m in unit.receives] + [(SEND, m) for m in unit.sends]
+
+
 def _message_at(unit: Unit, position: int) -> tuple[str, Message]:
-    """The unit's ``position``-th message with its direction, in the order messages are posted
-    and waited for: sends first, then receives."""
-    sends = unit.sends
-    if position < len(sends):
-        return "send to", sends[position]
-    return "receive from", unit.receives[position - len(sends)]
+    """``_posting_order(unit)[position]`` without building the list (it runs before every wait)."""
+    receives = unit.receives
+    if position < len(receives):
+        return RECEIVE, receives[position]
+    return SEND, unit.sends[position - len(receives)]
 
 
 def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
-    """Start a unit's sends and receives on gloo, one by one, in the same order on every rank.
+    """Start a unit's receives, then its sends, on gloo, one by one, in the same order on every rank.
 
     gloo starts each operation asynchronously on its own, and the batching machinery around
     them costs as much as the messages themselves (measured with 2 ranks: 216 µs instead of
     121 µs per exchange of one element), so they go straight to the process group's
     ``send``/``recv`` (what ``dist.isend``/``dist.irecv`` call after their checks, which
     ``run_schedule`` did once). Peers are ranks of the group, as the group's methods take them.
+    A message from a lower to a higher rank goes on the upward transport, the others on the group
+    (:mod:`~ddp_ring_hooks.runtime.directions`): both ends of a message pick the same one.
     """
-    group, tag = execution.group, execution.tag
+    group, upward, tag, rank = execution.group, execution.upward, execution.tag, execution.rank
     works: list[dist.Work] = []
     try:
-        for m in unit.sends:
-            works.append(group.send([execution.pieces[m.piece]], m.peer, tag))
-        for m in unit.receives:
-            works.append(group.recv([execution.buffer(m)], m.peer, tag))
+        for direction, m in _posting_order(unit):
+            if direction is RECEIVE:
+                works.append((upward if m.peer < rank else group).recv([execution.buffer(m)], m.peer, tag))
+            else:
+                works.append((upward if rank < m.peer else group).send([execution.pieces[m.piece]], m.peer, tag))
     except RuntimeError as error:
         # A peer that died before this step fails the post itself, not the wait; the message
         # being posted names the peer (gloo's own text has only a socket address).
@@ -265,8 +335,11 @@ def _start_batched(execution: _Execution, unit: Unit) -> list[dist.Work]:
     """Start a unit as one ``batch_isend_irecv`` group: NCCL needs that, or a send posted
     before its peer's receive could deadlock."""
     group = execution.group
-    ops = [p2p_op(dist.isend, execution.pieces[m.piece], group=group, peer=m.peer) for m in unit.sends]
-    ops += [p2p_op(dist.irecv, execution.buffer(m), group=group, peer=m.peer) for m in unit.receives]
+    ops = [
+        p2p_op(dist.irecv, execution.buffer(m), group=group, peer=m.peer) if direction is RECEIVE
+        else p2p_op(dist.isend, execution.pieces[m.piece], group=group, peer=m.peer)
+        for direction, m in _posting_order(unit)
+    ]
     try:
         return dist.batch_isend_irecv(ops) if ops else []
     except RuntimeError as error:  # one batch: the failed message is unknown; the first stands for it

@@ -374,10 +374,12 @@ def _disagreement(algorithm: str) -> str:
     """Why a requested candidate cannot be probed: the ranks resolve its options differently."""
     record = get_algorithm(algorithm)
     sources = [f"{o.name} from {o.environment}, which differs between nodes" for o in record.options if o.environment]
+    # The options read from the environment are the ones that can differ; name those to pass.
+    to_pass = [o for o in record.options if o.environment] or list(record.options)
     return (
         f"auto: {algorithm} is a candidate but the ranks do not agree on its options"
         + (f" ({'; '.join(sources)})" if sources else "")
-        + f"; pass {', '.join(f'{o.name}={o.metavar}' for o in record.options)}, the same on every rank, "
+        + f"; pass {', '.join(f'{o.name}={o.metavar}' for o in to_pass)}, the same on every rank, "
         f"or leave {algorithm} out of candidates"
     )
 

@@ -11,10 +11,12 @@ import dataclasses
 import functools
 
 from .check import ScheduleError, check_all_reduce
+from .double_binary_tree import build_double_binary_tree_schedule, double_binary_tree_cost
 from .halving_doubling import build_halving_doubling_schedule, halving_doubling_cost
 from .hierarchical import build_hierarchical_schedule, hierarchical_cost
 from .ir import Op, RankStep, Receive, Schedule, Send, Step, Transfer
 from .naive import build_naive_schedule, naive_cost
+from .ordering import RANK, check_node_of, check_ring_order, parse_numbers, schedule_nodes, schedule_order
 from .registry import (
     Algorithm, CostTerms, Option, algorithm_examples, algorithm_names, check_given_options, formula_for, get_algorithm,
     options_by_name, options_for, register_algorithm, resolve_options,
@@ -38,9 +40,22 @@ def _proper_divisors(world_size: int) -> tuple[int, ...]:
     return tuple(g for g in range(2, world_size) if world_size % g == 0)
 
 
+#: The ring's order (see ``schedules/ordering.py``): shared by the ring and the rings inside hierarchical.
+RING_ORDER = (
+    Option("ring_order", RANK, "the order the ring visits the ranks: rank (0, 1, ..., p-1), hosts (grouped by "
+           "node), or the ranks in ring order, e.g. 0,2,1,3", check=check_ring_order, label="ring order {}",
+           metavar="rank|hosts|R0,R1,...", parse=parse_numbers),
+    Option("node_of", None, "for ring order hosts: the node of each rank, e.g. 0,0,1,1 (default: the nodes as "
+           "torchrun numbers the ranks, node by node)", check=check_node_of, label="node_of {}",
+           metavar="N0,N1,...", parse=parse_numbers),
+)
+
+
 register_algorithm(Algorithm(
     "ring", "reduce-scatter then all-gather around a ring: 2(p-1) messages of n/p",
-    build=build_ring_schedule, cost=ring_cost, layout="ring",
+    build=build_ring_schedule, cost=ring_cost, layout="ring", options=RING_ORDER,
+    # The reversed order of a ring of 3+ ranks is a different ring (a permutation the grids run).
+    examples=lambda p: ({},) if p < 3 else ({}, {"ring_order": tuple(reversed(range(p)))}),
 ))
 register_algorithm(Algorithm(
     "naive", "every rank sends its buffer to rank 0, which sums and sends the result back",
@@ -54,6 +69,13 @@ register_algorithm(Algorithm(
     examples=lambda p: ({"segments": 1}, {"segments": 3}),
 ))
 register_algorithm(Algorithm(
+    "double_binary_tree", "NCCL's two binary trees, each reducing and broadcasting half the buffer, pipelined",
+    build=build_double_binary_tree_schedule, cost=double_binary_tree_cost, layout="trees",
+    options=(Option("segments", 1, "pipeline each tree's half in K segments", check=_positive_int, label="{} segments",
+                    metavar="K"),),
+    examples=lambda p: ({"segments": 1}, {"segments": 3}),
+))
+register_algorithm(Algorithm(
     "halving_doubling", "Rabenseifner: recursive halving reduce-scatter, doubling all-gather",
     build=build_halving_doubling_schedule, cost=halving_doubling_cost, layout="ring",
 ))
@@ -61,10 +83,13 @@ register_algorithm(Algorithm(
     "hierarchical", "rings inside each node, a ring across nodes on a 1/G shard",
     build=build_hierarchical_schedule, cost=hierarchical_cost, layout="nodes",
     options=(Option("local_size", None, "ranks per node; must divide the world size", check=_ranks_per_node,
-                    environment="LOCAL_WORLD_SIZE", label="{}/node", metavar="G"),),
+                    environment="LOCAL_WORLD_SIZE", label="{}/node", metavar="G"), *RING_ORDER),
     # Only a true hierarchy (several nodes of several ranks) differs from a ring.
     applies=lambda p, options: options["local_size"] in _proper_divisors(p),
-    examples=lambda p: tuple({"local_size": g} for g in _proper_divisors(p)),
+    examples=lambda p: tuple({"local_size": g} for g in _proper_divisors(p)) + tuple(
+        {"local_size": g, "ring_order": "hosts", "node_of": tuple(r % (p // g) for r in range(p))}
+        for g in _proper_divisors(p)[:1]
+    ),
 ))
 
 register_algorithm(Algorithm(
@@ -91,21 +116,32 @@ def build_schedule(algorithm: str, world_size: int, **options) -> Schedule:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     resolved = resolve_options(algorithm, options)
     schedule = record.build(world_size, **resolved)
-    return dataclasses.replace(schedule, options=tuple(sorted(resolved.items())))
+    # What the builder resolved further (a ring order's permutation) wins over what it was given.
+    return dataclasses.replace(schedule, options=tuple(sorted({**resolved, **dict(schedule.options)}.items())))
+
+
+def checked_schedule(algorithm: str, world_size: int, **options) -> Schedule:
+    """:func:`build_schedule`, proven correct by :func:`check_all_reduce` once, then cached
+    (a list option, such as a ring order, is taken as the tuple it equals)."""
+    frozen = {name: tuple(value) if isinstance(value, list) else value for name, value in options.items()}
+    return _checked_schedule(algorithm, world_size, **frozen)
 
 
 @functools.lru_cache(maxsize=128)
-def checked_schedule(algorithm: str, world_size: int, **options) -> Schedule:
-    """:func:`build_schedule`, proven correct by :func:`check_all_reduce` once, then cached."""
+def _checked_schedule(algorithm: str, world_size: int, **options) -> Schedule:
     schedule = build_schedule(algorithm, world_size, **options)
     check_all_reduce(schedule)
     return schedule
 
 
+checked_schedule.cache_clear = _checked_schedule.cache_clear  # as functools.lru_cache names it: forget them all
+
+
 __all__ = [
     "ALGORITHMS", "Algorithm", "CostTerms", "Option", "Op", "RankStep", "Receive", "Schedule", "ScheduleError", "Send",
-    "Step", "Transfer", "build_halving_doubling_schedule", "build_hierarchical_schedule",
+    "Step", "Transfer", "build_double_binary_tree_schedule", "build_halving_doubling_schedule", "build_hierarchical_schedule",
     "build_naive_schedule", "build_ring_schedule", "build_tree_schedule", "build_schedule", "check_all_reduce",
     "algorithm_examples", "algorithm_names", "check_given_options", "checked_schedule", "final_state", "formula_for",
     "get_algorithm", "options_by_name", "options_for", "register_algorithm", "replay", "resolve_options",
+    "schedule_nodes", "schedule_order",
 ]

@@ -24,13 +24,20 @@ Cost with intra-node ``α_l, β_l`` and inter-node ``α, β`` (one NIC per rank)
 along one chain and then copied: bit-identical on every rank.
 
 ``G`` is the ``local_size`` option; without it, ``LOCAL_WORLD_SIZE`` (set by torchrun) is used.
+``ring_order`` (see :mod:`.ordering`) says which rank plays which place: rank ``order[i]`` is
+local rank ``i mod G`` of node ``i // G``, so ``"hosts"`` (with ``node_of`` where the launcher
+does not number the ranks node by node) makes the nodes of the schedule the real nodes, and a
+permutation can put any ranks together.
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
+from collections.abc import Sequence
 
 from .ir import Op, Schedule, Step, Transfer
+from .ordering import HOSTS, RANK, ordered_options, relabel, ring_positions
 from .registry import CostTerms
 
 INTRA_REDUCE_SCATTER = "intra-node reduce-scatter"
@@ -38,10 +45,16 @@ INTER_ALL_REDUCE = "inter-node all-reduce"
 INTRA_ALL_GATHER = "intra-node all-gather"
 
 
-def build_hierarchical_schedule(world_size: int, *, local_size: int | None = None) -> Schedule:
-    """The three-phase ring over ``world_size // local_size`` nodes of ``local_size`` ranks."""
+def build_hierarchical_schedule(
+    world_size: int, *, local_size: int | None = None, ring_order: object = RANK, node_of: Sequence[int] | None = None,
+) -> Schedule:
+    """The three-phase ring over ``world_size // local_size`` nodes of ``local_size`` ranks, the
+    ranks placed in ``ring_order``."""
     g = resolve_local_size(world_size, local_size)
     p, n = world_size, world_size // g
+    order = ring_positions(p, ring_order, node_of)
+    if ring_order == HOSTS and node_of is not None:
+        _check_nodes_hold(g, node_of)
 
     def rank(node: int, local: int) -> int:
         return (node % n) * g + local % g
@@ -70,7 +83,18 @@ def build_hierarchical_schedule(world_size: int, *, local_size: int | None = Non
         ))
         for s in range(g - 1)
     ]
-    return Schedule("hierarchical", p, p, tuple(steps))
+    return Schedule("hierarchical", p, p, relabel(steps, order), options=ordered_options(ring_order, node_of, order))
+
+
+def _check_nodes_hold(local_size: int, node_of: Sequence[int]) -> None:
+    """Grouped by node, the ranks fill nodes of ``local_size`` only if every node has that many."""
+    sizes = Counter(node_of)
+    if set(sizes.values()) != {local_size}:
+        shown = ", ".join(f"node {node}: {count}" for node, count in sorted(sizes.items()))
+        raise ValueError(
+            f"hierarchical: node_of puts {shown} ranks, but local_size={local_size}: every node must "
+            "hold local_size ranks (pass the local_size the nodes have)"
+        )
 
 
 def resolve_local_size(world_size: int, local_size: int | None) -> int:
@@ -91,9 +115,11 @@ def resolve_local_size(world_size: int, local_size: int | None) -> int:
     return local_size
 
 
-def hierarchical_cost(world_size: int, *, local_size: int) -> CostTerms:
+def hierarchical_cost(world_size: int, *, local_size: int, ring_order: object = RANK, node_of: Sequence[int] | None = None) -> CostTerms:
     """``2(G-1)α_l + 2(G-1)/G·nβ_l + 2(N-1)α + 2(N-1)/(NG)·nβ + (p-1)/p·nγ``: rings inside the
-    nodes on local links, a ring across the ``N`` nodes on a ``1/G`` shard."""
+    nodes on local links, a ring across the ``N`` nodes on a ``1/G`` shard (one NIC per rank;
+    nodes that share one uplink: :mod:`~ddp_ring_hooks.cost_model.two_tier`). The order places
+    ranks; it does not change the counts."""
     p, g = world_size, resolve_local_size(world_size, local_size)
     nodes = p // g
     return CostTerms(

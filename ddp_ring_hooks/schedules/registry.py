@@ -9,7 +9,7 @@ consumer keeps a list of names or an ``if algorithm == ...`` chain of its own:
 ``options``     its :class:`Option` s: names, defaults, checks, and where a default comes from
 ``cost``        its α-β-γ :class:`CostTerms` for ``p`` ranks (the cost model multiplies them out)
 ``priced_as``   without a ``cost`` of its own: the algorithm whose terms it is fitted with
-``layout``      how to draw it: ``"ring"``, ``"tree"``, ``"star"`` or ``"nodes"``
+``layout``      how to draw it: ``"ring"``, ``"tree"``, ``"trees"``, ``"star"`` or ``"nodes"``
 ``applies``     whether it makes sense for ``world_size`` ranks with its resolved options
 ``examples``    valid option sets for ``p`` ranks (the test grids enumerate them)
 ==============  ===================================================================================
@@ -60,6 +60,12 @@ class Option:
     label: str = ""
     metavar: str = "VALUE"
     parse: Callable[[str], object] = int
+
+    @property
+    def required(self) -> bool:
+        """Whether the caller (or the environment) must give it: its default fails its own check
+        (``local_size``); an option whose default passes is optional even when it is ``None``."""
+        return self.check(self.default) is not None
 
     def describe(self, value: object) -> str:
         """The value as tables show it: ``"4 segments"``, ``"2/node"``."""
@@ -163,6 +169,8 @@ def resolve_options(
             value = _from_environment(option, environment[option.environment])
         if value is None:
             value = option.default
+        if isinstance(value, list):  # a ring order given as a list: kept as the tuple it equals
+            value = tuple(value)
         _check_value(algorithm, option, value)
         resolved[option.name] = value
     return resolved

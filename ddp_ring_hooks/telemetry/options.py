@@ -84,6 +84,9 @@ class TelemetryOptions:
             aborted, so the process can exit and be restarted from a checkpoint; longer than
             ``stall_after``. ``None``: 90% of the process group's own timeout, so this error,
             which names the rank, comes before the backend's, which names none.
+        links: on the steps that gather across ranks (``spread_every``, the trace window), also
+            time every directed link from the hook's own transfers and name a slow one
+            (:mod:`.link_timing`); needs ``spread_every`` or ``trace_steps``. Off by default.
 
     Nothing is recorded unless ``log_dir``, ``spread_every`` or ``sinks`` ask for it; the stall
     watchdog always watches (a timestamp per transfer; its thread sleeps).
@@ -99,6 +102,7 @@ class TelemetryOptions:
     summary_window: int = 1024
     stall_after: float = 60.0
     stall_timeout: float | None = None
+    links: bool = False
 
     def __post_init__(self) -> None:
         checked = {
@@ -111,6 +115,7 @@ class TelemetryOptions:
             "capacity": _positive_int("capacity", self.capacity),
             "summary_window": _positive_int("summary_window", self.summary_window),
             **_stall_seconds(self.stall_after, self.stall_timeout),
+            "links": _links(self.links, self.spread_every, self.trace_steps),
         }
         for name, value in checked.items():  # normalized (a str log_dir, a range, a tuple)
             object.__setattr__(self, name, value)
@@ -224,6 +229,15 @@ def _per_rank(per_rank: bool, log_dir) -> bool:
     if per_rank and log_dir is None:
         raise ValueError("per_rank=True writes each rank to log_dir/rank_{r}; pass log_dir=PATH too")
     return bool(per_rank)
+
+
+def _links(links, spread_every, trace_steps) -> bool:
+    if not isinstance(links, bool):
+        raise ValueError(f"links must be True or False, got {links!r}")
+    if links and not spread_every and trace_steps is None:
+        raise ValueError("links=True times every link on the steps that gather across ranks; pass spread_every=N "
+                         "too (every N-th step), or trace_steps=... for the trace window")
+    return links
 
 
 def _sinks(sinks) -> tuple:

@@ -8,9 +8,9 @@ matplotlib is imported only when an animation is rendered.
 from .animate import render_animation
 from .layout import Layout, choose_layout
 from .simulate import ChunkState, Frame, Simulation, simulate, split_sizes
-from .text import explain, format_frame
+from .text import explain, format_frame, format_ring_order
 
 __all__ = [
     "ChunkState", "Frame", "Layout", "Simulation", "choose_layout", "explain", "format_frame",
-    "render_animation", "simulate", "split_sizes",
+    "format_ring_order", "render_animation", "simulate", "split_sizes",
 ]

@@ -7,10 +7,18 @@
     3   1           1   2              4  0  2           │ 0 1 │───│ 4 5 │
       2            3 4 5 6                3              │ 2 3 │   │ 6 7 │
                                                          └─────┘   └─────┘
+    trees (double binary tree, 8 ranks): the first tree hangs down from its root 0, the
+    second grows up from its root 7; each tree's leaves are the other one's inner ranks
+      0
+              4                   x: the rank (both are in-order trees over the ranks)
+          2       6               y: depth in the second tree - depth in the first
+        1       5
+            3
+                  7
 
-The tree and the star are read off the schedule itself (a rank's first reduce goes to its
-parent; the star's centre is the rank in most transfers), so they show the tree the schedule
-really uses. Any algorithm without a layout of its own is drawn on a ring. Coordinates are in
+The trees and the star are read off the schedule itself (a rank's first reduce of a chunk
+goes to its parent in that chunk's tree; the star's centre is the rank in most transfers), so
+they show the trees the schedule really uses. Any algorithm without a layout of its own is drawn on a ring. Coordinates are in
 units of the ring radius; the drawing scales them to fit.
 """
 
@@ -19,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..schedules import Op, Schedule, get_algorithm
+from ..schedules import Op, Schedule, get_algorithm, schedule_order
 
 Point = tuple[float, float]
 
@@ -45,17 +53,24 @@ def choose_layout(schedule: Schedule) -> Layout:
         return layout_tree(schedule)
     if kind == "star":
         return layout_star(schedule)
+    if kind == "trees":
+        return layout_trees(schedule)
     local_size = dict(schedule.options).get("local_size")
+    order = schedule_order(schedule)
     if kind == "nodes" and local_size and local_size < schedule.world_size:
-        return layout_nodes(schedule.world_size, local_size)
-    return layout_ring(schedule.world_size)
+        return layout_nodes(schedule.world_size, local_size, order=order)
+    return layout_ring(schedule.world_size, order=order)
 
 
-def layout_ring(world_size: int) -> Layout:
-    """Ranks clockwise on a circle, rank 0 at the top; each rank linked to the next."""
-    positions = tuple(_on_circle(rank, world_size, radius=1.0) for rank in range(world_size))
-    links = tuple((r, (r + 1) % world_size) for r in range(world_size)) if world_size > 1 else ()
-    return Layout("ring", positions, links)
+def layout_ring(world_size: int, *, order: tuple[int, ...] | None = None) -> Layout:
+    """Ranks clockwise on a circle in ring order (``order[i]`` in place ``i``, default the rank
+    order), the first at the top; each rank linked to the next."""
+    order = order or tuple(range(world_size))
+    positions: list[Point] = [(0.0, 0.0)] * world_size
+    for place, rank in enumerate(order):
+        positions[rank] = _on_circle(place, world_size, radius=1.0)
+    links = tuple((order[i], order[(i + 1) % world_size]) for i in range(world_size)) if world_size > 1 else ()
+    return Layout("ring", tuple(positions), links)
 
 
 def layout_star(schedule: Schedule) -> Layout:
@@ -103,15 +118,37 @@ def layout_tree(schedule: Schedule) -> Layout:
     return Layout("tree", positions, tuple(sorted((parent, child) for child, parent in parents.items())))
 
 
-def layout_nodes(world_size: int, local_size: int) -> Layout:
-    """Nodes of ``local_size`` consecutive ranks, each a small ring, the nodes on a grid.
+def layout_trees(schedule: Schedule) -> Layout:
+    """Two trees over the same ranks: the tree of the first chunk and that of the last.
+
+    Rank ``r`` sits at ``x = r`` and at height ``depth in the second tree - depth in the
+    first``: the first tree's root on top with its inner ranks below it, the second tree's
+    root at the bottom with its inner ranks above it, and each tree's leaves (the other
+    tree's inner ranks) in the other half. Links: the edges of both trees.
+    """
+    p = schedule.world_size
+    trees = [_parents_from_schedule(schedule, chunk=c) for c in (0, schedule.num_chunks - 1)]
+    if p == 1 or None in trees:
+        return layout_ring(p)
+    first, second = (_depths(parents) for parents in trees)
+    heights = [second[r] - first[r] for r in range(p)]
+    tallest = max(max(map(abs, heights)), 1)
+    positions = tuple((2 * r / (p - 1) - 1, heights[r] / tallest) for r in range(p))
+    links = sorted({tuple(sorted(edge)) for parents in trees for edge in parents.items()})
+    return Layout("trees", positions, tuple(links))
+
+
+def layout_nodes(world_size: int, local_size: int, *, order: tuple[int, ...] | None = None) -> Layout:
+    """Nodes of ``local_size`` ranks consecutive in ``order`` (default the rank order), each a
+    small ring, the nodes on a grid.
 
     Links: each node's ring, and a ring through the first rank of every node.
     """
-    groups = tuple(tuple(range(start, min(start + local_size, world_size))) for start in range(0, world_size, local_size))
+    order = order or tuple(range(world_size))
+    groups = tuple(order[start:start + local_size] for start in range(0, world_size, local_size))
     columns = math.ceil(math.sqrt(len(groups)))
     spacing = 4.0  # node centres apart, in units of a node's own ring radius: room for the boxes
-    positions: list[Point] = []
+    positions: list[Point] = [(0.0, 0.0)] * world_size
     links: list[tuple[int, int]] = []
     for index, group in enumerate(groups):
         row, column = divmod(index, columns)
@@ -120,7 +157,7 @@ def layout_nodes(world_size: int, local_size: int) -> Layout:
             # Two ranks side by side rather than stacked: rank boxes are wider than tall.
             start = math.pi if len(group) == 2 else math.pi / 2
             dx, dy = _on_circle(slot, len(group), radius=1.0 if len(group) > 1 else 0.0, start=start)
-            positions.append((cx + dx, cy + dy))
+            positions[group[slot]] = (cx + dx, cy + dy)
         if len(group) > 1:
             links += [(group[i], group[(i + 1) % len(group)]) for i in range(len(group))]
     leaders = [group[0] for group in groups]
@@ -135,12 +172,13 @@ def _on_circle(index: int, count: int, *, radius: float, start: float = math.pi 
     return (radius * math.cos(angle), radius * math.sin(angle))
 
 
-def _parents_from_schedule(schedule: Schedule) -> dict[int, int] | None:
-    """Each rank's first reduce target, if those links form one tree over all ranks."""
+def _parents_from_schedule(schedule: Schedule, *, chunk: int | None = None) -> dict[int, int] | None:
+    """Each rank's first reduce target (of ``chunk``, or of any chunk), if those links form
+    one tree over all ranks."""
     parents: dict[int, int] = {}
     for step in schedule.steps:
         for t in step.transfers:
-            if t.op is Op.REDUCE and t.src not in parents:
+            if t.op is Op.REDUCE and t.src not in parents and chunk in (None, t.chunk):
                 parents[t.src] = t.dst
     if len(parents) != schedule.world_size - 1:
         return None
@@ -152,4 +190,15 @@ def _parents_from_schedule(schedule: Schedule) -> dict[int, int] | None:
                 return None  # a cycle: these reduces do not form a tree
             seen.add(rank)
     return parents
+
+
+def _depths(parents: dict[int, int]) -> dict[int, int]:
+    """Edges between each rank and the root of the tree ``parents`` describes."""
+    depth: dict[int, int] = {}
+    for rank in [*parents, *parents.values()]:
+        hops, above = 0, rank
+        while above in parents:
+            above, hops = parents[above], hops + 1
+        depth[rank] = hops
+    return depth
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 
 from .. import cost_model
+from ..schedules import Schedule, schedule_order
 from .simulate import END, START, ChunkState, Frame, Simulation
 
 
@@ -94,6 +95,18 @@ def format_cost(
     ]
 
 
+def format_ring_order(schedule: Schedule) -> str:
+    """``"ring order 0, 2, 1, 3: ..."`` when the rings visit the ranks in another order than
+    their numbers (the schedule's ring order), else ``""``."""
+    order = schedule_order(schedule)
+    if order == tuple(range(schedule.world_size)):
+        return ""
+    return (
+        f"ring order {', '.join(map(str, order))}: the rings visit the ranks in this order, "
+        f"not {', '.join(map(str, range(schedule.world_size)))}"
+    )
+
+
 def format_bytes(count: float) -> str:
     """``1536`` -> ``"1.5 KiB"``."""
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -133,9 +146,11 @@ def _header(simulation: Simulation) -> list[str]:
     sizes = sorted(set(simulation.chunk_elements))
     size_text = f"{sizes[0]} element{'s' if sizes[0] != 1 else ''} each" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]} elements"
     phases = ", then ".join(f"{name} ({stop - start} steps)" for name, start, stop in schedule.phases) or "no steps"
+    order = format_ring_order(schedule)
     return [
         f"{schedule.algorithm} all-reduce on {p} ranks: {schedule.num_chunks} chunk{'s' if schedule.num_chunks != 1 else ''} ({size_text}), "
         f"{len(schedule.steps)} steps: {phases}",
+        *([order] if order else []),
         "rank r starts with r + 1 in every element; the sum every rank must end with is "
         f"{' + '.join(f'{v:g}' for v in values)} = {sum(values):g}"
         if values == list(range(1, p + 1))

@@ -134,7 +134,7 @@ class _BucketProgress(ExecutionObserver):
         self.gpu_done = None  # a CUDA event after the bucket's work (on CUDA)
         self._guarded: torch.futures.Future | None = None
         self._settled = False
-        self._let_go = threading.Event()  # the real completion came (or the failure of its wait)
+        self._let_go = False  # the real completion came (or the failure of its wait)
         self._lock = threading.Lock()
 
     # -- the executor's calls (the thread running the bucket) ----------------------------------
@@ -168,7 +168,7 @@ class _BucketProgress(ExecutionObserver):
         return self._guarded.then(_result)
 
     def _settle(self, done: torch.futures.Future) -> None:
-        self._let_go.set()
+        self._let_go = True
         with self._lock:
             if self._settled:  # failed at stall_timeout already: the late completion is ignored
                 return
@@ -194,7 +194,8 @@ class _BucketProgress(ExecutionObserver):
     def fail(self, failure: BaseException, *, let_go_by: float) -> None:
         """Fail the claimed Future with ``failure``, once the thread that ran the bucket has
         left its wait (or at the monotonic time ``let_go_by``)."""
-        self._let_go.wait(max(0.0, let_go_by - time.monotonic()))
+        while not self._let_go and time.monotonic() < let_go_by:  # rare: a flag, not an Event per bucket
+            time.sleep(0.01)
         self._guarded.set_exception(failure)
 
     def record(self) -> FinishedBucket:

@@ -15,6 +15,10 @@ pair (socket) of the context, and every pending operation on it fails at once. S
     watchdog:        recv(probe).wait(1 ms) -> timeout -> every pair of the context closed
     the peers:       their transfers with this rank fail at once ("Connection closed by peer")
 
+On CPU a group's messages travel on two gloo transports, the group and its upward one
+(:mod:`~ddp_ring_hooks.runtime.directions`), each with contexts of its own: both are probed, or
+a thread waiting on a lower rank (the upward transport) would stay blocked.
+
 NCCL has an abort of its own (``ProcessGroup.abort()``: ``ncclCommAbort``, kernels exit).
 Either way the group is unusable afterwards, as after a dead peer: restart from a checkpoint.
 """
@@ -26,6 +30,8 @@ import os
 
 import torch
 import torch.distributed as dist
+
+from .directions import made_upward
 
 #: A point-to-point tag no schedule uses (lanes are small integers): the probe's receive.
 PROBE_TAG = 0x7FFF0000
@@ -56,8 +62,16 @@ def abort_transfers(group: dist.ProcessGroup, *, peer: int | None = None) -> Non
     if "nccl" in str(dist.get_backend(group)):
         group.abort()
         return
-    rank = group.rank()
-    others = [other for other in range(group.size()) if other != rank]
+    for transport in (group, made_upward(group)):
+        if transport is not None:
+            _close_gloo_contexts(transport, peer=peer)
+
+
+def _close_gloo_contexts(transport, *, peer: int | None) -> None:
+    """Close every context of one gloo ``transport`` (a group or a gloo backend) by a probe
+    that times out, tried on ``peer`` first."""
+    rank = transport.rank()
+    others = [other for other in range(transport.size()) if other != rank]
     if peer in others:
         others.remove(peer)
         others.insert(0, peer)
@@ -67,15 +81,15 @@ def abort_transfers(group: dist.ProcessGroup, *, peer: int | None = None) -> Non
     for context in range(contexts):
         tag = PROBE_TAG - PROBE_TAG % contexts + context
         for other in others:
-            if _probe_timed_out(group, other, tag):
+            if _probe_timed_out(transport, other, tag):
                 break
 
 
-def _probe_timed_out(group: dist.ProcessGroup, peer: int, tag: int) -> bool:
+def _probe_timed_out(transport, peer: int, tag: int) -> bool:
     """Post a receive from ``peer`` nobody answers and wait 1 ms: whether it timed out (and so
     closed the context's pairs) rather than failing on a closed connection."""
     try:
-        group.recv([torch.empty(1)], peer, tag).wait(datetime.timedelta(milliseconds=1))
+        transport.recv([torch.empty(1)], peer, tag).wait(datetime.timedelta(milliseconds=1))
     except RuntimeError as error:
         return "Timed out" in str(error)
     return False  # it was answered: no one sends with this tag, but never wait on it again

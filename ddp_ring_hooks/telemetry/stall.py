@@ -57,6 +57,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
 from ..runtime.abort import abort_transfers, group_timeout_s
+from ..runtime.compat import group_store
 from ..runtime.errors import CommunicationError
 from ..runtime.observer import ExecutionObserver
 from .options import TelemetryOptions, group_log_dir
@@ -494,7 +495,10 @@ class _StoreBoard:
     and the watchdog waits for it at most :data:`STORE_ANSWER_S`."""
 
     def __init__(self, group, *, rank: int, world_size: int) -> None:
-        self._store = _store_of(group)  # its calls are serialized by the store client itself
+        # The group's own store, not a clone: a clone is a second connection to the same server,
+        # no help when that server is the one stuck, and one more socket per rank on it. Its
+        # calls are serialized by the store client itself.
+        self._store = group_store(group)
         prefix = f"ddp_ring_hooks/stall/{_board_index(group)}"
         self._keys = [f"{prefix}/{r}" for r in range(world_size)]
         self._rank = rank
@@ -557,13 +561,6 @@ class _StoreBoard:
         except (RuntimeError, ValueError) as error:  # the store failed (DistStoreError) or a record is garbled
             logger.debug("the stall watchdog's store exchange failed: %s", error)
             return None
-
-
-def _store_of(group):
-    """The store ``group`` was built on, under the group's own prefix. Shared with the group,
-    not cloned: a clone is a second connection to the same server, no help when that server is
-    the one stuck, and one more socket per rank on it."""
-    return distributed_c10d._get_process_group_store(group)
 
 
 _BOARDS: dict[str, int] = {}

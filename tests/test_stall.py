@@ -304,6 +304,7 @@ def test_a_frozen_rank_is_named_within_stall_after_and_a_thaw_resumes_training_i
         named = _naming_the_victim(outcome["heard"], frozen, frozen + THAW_AFTER)
         assert named, f"rank {rank} did not name rank {VICTIM}: {outcome['heard']}"
         assert named[0][0] - frozen < STALL_AFTER + 5, (rank, named[0][0] - frozen)
+        print(f"frozen rank {VICTIM}, rank {rank} names it after {named[0][0] - frozen:.1f} s")  # docs/reliability.md
         assert named[0][2].startswith(f"rank {rank}: bucket "), named[0][2]
         assert any(category == "RankStalledWarning" and f"rank {VICTIM} is stalled" in message
                    for message, category in outcome["warned"]), outcome["warned"]
@@ -323,6 +324,7 @@ def test_a_rank_frozen_for_good_fails_the_others_at_the_timeout_naming_it(ring_w
         (iteration, failed_at, message), (_, refused_at, refused) = outcome["errors"]
         assert iteration == FREEZE_ITERATION, message
         assert STALL_TIMEOUT - 1 < failed_at - frozen < STALL_TIMEOUT + 10, (rank, failed_at - frozen)
+        print(f"frozen rank {VICTIM} for good, rank {rank} fails after {failed_at - frozen:.1f} s")
         assert "ring_hook (ring): bucket " in message and f"of iteration {FREEZE_ITERATION}" in message, message
         assert f"rank {VICTIM} is stalled" in message and f"stall_timeout={STALL_TIMEOUT:g} s" in message, message
         assert refused_at - failed_at < 2.0 and "not reduced because an earlier one failed" in refused, refused
@@ -411,6 +413,8 @@ def test_a_host_cut_off_mid_training_is_named_by_the_others(lab_machine, tmp_pat
         assert named and named[0] - cut_at < STALL_AFTER + 5, (host, outcome["heard"])
         assert f"rank {cut} is stalled" in outcome["error"], outcome["error"]
         assert outcome["failed_at"] - cut_at < STALL_TIMEOUT + 10, outcome["failed_at"] - cut_at
+        print(f"host {cut} cut off, host {host} names it after {named[0] - cut_at:.1f} s, "
+              f"fails after {outcome['failed_at'] - cut_at:.1f} s")
 
 
 def _steps_done(directory: Path, rank: int) -> int:

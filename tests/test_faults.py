@@ -27,9 +27,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests._dist import _rank_main
-from tests.scripts.train_with_hook import (
-    free_port, loopback_environment, loss_of, make_batch, make_model, torchrun_command,
-)
+from tests.scripts.train_with_hook import free_port, loopback_environment, torchrun_command, uninterrupted_params
 
 PG_TIMEOUT = 6.0  # seconds; short, so a hang would show as a slow failure
 WORLD_SIZE = 3
@@ -179,12 +177,5 @@ def test_torchrun_restart_resumes_from_checkpoint_with_hook_state(tmp_path):
         assert result["worst_grad_error"] < 1e-6
     assert results[0]["params"] == results[1]["params"]
 
-    # The same training without a fault, in one process: mean of the two ranks' losses.
-    reference = make_model()
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for step in range(steps):
-        optimizer.zero_grad()
-        (sum(loss_of(reference, make_batch(step, r)) for r in range(2)) / 2).backward()
-        optimizer.step()
-    expected = torch.cat([p.detach().view(-1) for p in reference.parameters()])
+    expected = uninterrupted_params(steps)  # the same training without a fault, in one process
     torch.testing.assert_close(torch.tensor(results[0]["params"]), expected, rtol=1e-5, atol=1e-6)

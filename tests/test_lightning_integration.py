@@ -244,6 +244,10 @@ def test_bad_arguments_get_errors_that_name_the_fix():
         RingDDPStrategy(concurrent_buckets=0)
     with pytest.raises(ValueError, match="telemetry option 'log_every' given twice"):
         RingDDPStrategy(telemetry=TelemetryOptions(log_every=2), log_every=3)
+    with pytest.raises(ValueError, match="stall_timeout=1 s must be longer than stall_after=2 s"):
+        RingDDPStrategy(stall_after=2, stall_timeout=1)
+    strategy = RingDDPStrategy(stall_after=2, stall_timeout=8)
+    assert (strategy._telemetry.stall_after, strategy._telemetry.stall_timeout) == (2.0, 8.0)
     trainer = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp", logger=False, enable_progress_bar=False)
     with pytest.raises(TypeError, match='pass strategy="ddp_ring"'):
         CommTimingLogger().setup(trainer, None, "fit")

@@ -17,6 +17,8 @@ class HookFailedError(CommunicationError):
         iteration: the hook state's ``iteration`` when the bucket arrived.
         step: the :class:`StepFailedError` underneath, or ``None`` when the failure came from
             elsewhere (e.g. posting the operations).
+        stalled: the stall watchdog's finding (who everyone waits for) when a bucket of this
+            rank was waiting too long as this one failed; ``None`` otherwise.
     """
 
     def __init__(
@@ -29,15 +31,19 @@ class HookFailedError(CommunicationError):
         numel: int,
         dtype: str,
         cause: BaseException,
+        stalled: str | None = None,
     ) -> None:
         self.hook = hook
         self.algorithm = algorithm
         self.bucket = bucket
         self.iteration = iteration
         self.step = cause if isinstance(cause, StepFailedError) else None
+        self.stalled = stalled
         where = f"{hook} ({algorithm}): bucket {bucket} of iteration {iteration} ({numel:,} {dtype} elements)"
         if self.step is not None:
             detail = f"{self.step.where()}: {self.step.cause}"
         else:
             detail = f"{type(cause).__name__}: {str(cause).strip()}"
+        if stalled is not None and stalled not in detail:
+            detail += f"\nThe stall watchdog had found: {stalled}"
         super().__init__(f"{where}: {detail}\n{RECOVERY_ADVICE}")

@@ -50,6 +50,7 @@ from ..runtime.selection import AUTO, AutoSelector, auto_option_names
 from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options
 from ..telemetry import TELEMETRY_OPTIONS, Telemetry, TelemetryOptions
 from ..telemetry.observation import Observation
+from ..telemetry.stall import check_stall_timeout
 from ..telemetry.watcher import BucketWatch
 from . import checkpoint
 from .advice import advice_table
@@ -82,7 +83,10 @@ class HookState:
             ready :class:`~ddp_ring_hooks.telemetry.Telemetry`; or give its fields as keywords
             (``log_dir=``, ``log_every=``, ``trace_steps=``, ``per_rank=``, ``spread_every=``,
             ``sinks=``, ...), not the same field both ways. Nothing is recorded unless one of
-            them asks for it.
+            them asks for it. The stall watchdog always watches: ``stall_after=`` (seconds, 60)
+            names the rank everyone waits for, ``stall_timeout=`` (seconds; default just under
+            the process group's own timeout) fails the bucket with a ``HookFailedError``
+            naming it (``docs/reliability.md``).
         observers: more :class:`~ddp_ring_hooks.runtime.ExecutionObserver` s that watch every
             bucket's all-reduce, e.g. a :class:`~ddp_ring_hooks.runtime.recording.TraceRecorder`
             to replay your own training with ``ddp-ring-hooks animate --trace``.
@@ -162,6 +166,7 @@ class HookState:
         cuda.prepare(self.group)  # NCCL: the side groups, made while every rank is here
         directions.prepare(self.group)  # gloo: the upward transport, a socket per direction of each pair
         self.observation = Observation(telemetry, observers=observers, advice=advice_table, **telemetry_fields)
+        check_stall_timeout(self.observation.options, self.group)
 
     # -- the watchers, by name ---------------------------------------------------------------
 
@@ -235,7 +240,11 @@ class HookState:
             buffer, step=iteration + 1, index=bucket, is_last=is_last,
             algorithm=schedule.algorithm if schedule is not None else NATIVE, group=self.group,
         )
-        return watch.launched(self._launch(schedule, buffer, watch, bucket=bucket, iteration=iteration, lane=bucket % lanes))
+        algorithm = watch.algorithm
+        return watch.launched(
+            self._launch(schedule, buffer, watch, bucket=bucket, iteration=iteration, lane=bucket % lanes),
+            explain=lambda error: self._failed(algorithm, buffer, bucket, iteration, error),
+        )
 
     def _launch(
         self, schedule: Schedule | None, buffer: torch.Tensor, watch: BucketWatch, *,
@@ -322,10 +331,12 @@ class HookState:
             )
 
     def _failed(self, algorithm: str, buffer: torch.Tensor, bucket: int, iteration: int, error: BaseException) -> HookFailedError:
-        """Remember the first failure (later buckets are refused with it) and return it, named."""
+        """Remember the first failure (later buckets are refused with it) and return it, named;
+        while the stall watchdog sees a bucket wait too long, with its finding (a peer that gave
+        up on the stalled rank closes its connections, and this bucket's error would name it)."""
         failure = HookFailedError(
             hook="ring_hook", algorithm=algorithm, bucket=bucket, iteration=iteration, numel=buffer.numel(),
-            dtype=str(buffer.dtype).removeprefix("torch."), cause=error,
+            dtype=str(buffer.dtype).removeprefix("torch."), cause=error, stalled=self.observation.stall_report(),
         )
         if self._failure is None:
             self._failure = failure

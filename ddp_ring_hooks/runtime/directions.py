@@ -68,6 +68,15 @@ def upward_transport(group: dist.ProcessGroup) -> dist.ProcessGroup | dist.Proce
         return made
 
 
+def made_upward(group: dist.ProcessGroup) -> dist.ProcessGroupGloo | None:
+    """``group``'s upward transport if one was made and is not ``group`` itself; ``None``
+    otherwise. Never makes one (that is collective): for whoever must reach both transports,
+    e.g. :func:`~ddp_ring_hooks.runtime.abort.abort_transfers`."""
+    with _LOCK:
+        made = _UPWARD.get(group)
+    return None if made is None or made is group else made
+
+
 def prepare(group: dist.ProcessGroup | None) -> None:
     """At registration, on every rank: make the upward transport of a CPU (gloo) hook group
     while every rank is known to be here (see the module docstring)."""

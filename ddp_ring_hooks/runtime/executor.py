@@ -216,8 +216,11 @@ class _Execution:
 
     def _wait(self, unit: Unit, works: list[dist.Work]) -> None:
         position = 0
+        num_steps = len(self.schedule.steps)
         try:
             for position, work in enumerate(works):
+                # Whom this thread now blocks on: a stall watchdog names the peer if it lasts.
+                self.observer.on_wait(unit.step, num_steps, _message_at(unit, position)[1].peer)
                 work.wait()
         except RuntimeError as error:  # name the step and the peer, not just a socket
             # When the backend coalesced the batch into fewer works than messages (NCCL may),
@@ -237,8 +240,10 @@ class _Execution:
             received = []
             receives_first = sorted(range(len(works)), key=lambda i: messages[i][0] is not RECEIVE)
             position = 0
+            num_steps = len(self.schedule.steps)
             try:
                 for position in receives_first:
+                    self.observer.on_wait(unit.step, num_steps, messages[position][1].peer)
                     works[position].wait()
                     if messages[position][0] is RECEIVE:
                         received.append(clock())
@@ -269,7 +274,7 @@ class _Execution:
     def _failure(self, error: RuntimeError, unit: Unit, position: int) -> StepFailedError:
         """The error naming the step and the peer of the unit's ``position``-th message in
         :func:`_posting_order` (the order they are posted and waited for)."""
-        direction, message = _posting_order(unit)[position]
+        direction, message = _message_at(unit, position)
         return StepFailedError(
             algorithm=self.schedule.algorithm,
             rank=self.rank,
@@ -290,6 +295,14 @@ def _posting_order(unit: Unit) -> list[tuple[str, Message]]:
     """A unit's messages as they are posted, each with its direction: receives first (see the
     module docstring), then sends."""
     return [(RECEIVE, m) for m in unit.receives] + [(SEND, m) for m in unit.sends]
+
+
+def _message_at(unit: Unit, position: int) -> tuple[str, Message]:
+    """``_posting_order(unit)[position]`` without building the list (it runs before every wait)."""
+    receives = unit.receives
+    if position < len(receives):
+        return RECEIVE, receives[position]
+    return SEND, unit.sends[position - len(receives)]
 
 
 def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:

@@ -1,7 +1,8 @@
 """Hooks into the executor for whoever wants to watch it run: telemetry and trace recording.
 
-The executor calls an observer at phase boundaries and after each step completes, and, only
-for an observer with a ``transfer_clock``, with each unit's transfers and their marks. The base
+The executor calls an observer at phase boundaries, before it blocks on a transfer, and after
+each step completes, and, only for an observer with a ``transfer_clock``, with each unit's
+transfers and their marks. The base
 class does nothing, so an observer overrides only what it needs. Observers must be cheap:
 they run on the communication path (on CUDA they may record events, never synchronize).
 
@@ -27,6 +28,10 @@ class ExecutionObserver:
 
     def on_phase(self, phase: str) -> None:
         """A new phase of the schedule (e.g. ``"all-gather"``) is about to start."""
+
+    def on_wait(self, index: int, num_steps: int, peer: int) -> None:
+        """This thread is about to block on a transfer of step ``index`` (of ``num_steps``) with
+        ``peer`` (a rank of the group): what a stall watchdog names when the wait lasts."""
 
     def on_step(self, index: int, step: RankStep, chunk_bytes: Sequence[int]) -> None:
         """Step ``index`` completed: its transfers were waited for and its receives landed (on
@@ -57,6 +62,10 @@ class FanOut(ExecutionObserver):
     def on_phase(self, phase: str) -> None:
         for observer in self._observers:
             observer.on_phase(phase)
+
+    def on_wait(self, index: int, num_steps: int, peer: int) -> None:
+        for observer in self._observers:
+            observer.on_wait(index, num_steps, peer)
 
     def on_step(self, index: int, step: RankStep, chunk_bytes: Sequence[int]) -> None:
         for observer in self._observers:

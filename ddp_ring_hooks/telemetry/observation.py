@@ -10,14 +10,16 @@ bucket to its watchers (:class:`~.watcher.Watcher`), in this order:
 3. per-link timing (:class:`~.link_timing.LinkTiming`, ``links=True``): which link is slow,
    after the step (before the arrivals: its trace events join the window's gather);
 4. the arrivals gather (:class:`~.arrivals.ArrivalGather`): who arrived last, after the step;
-5. the profiler's ranges (:class:`~.profiling.ProfilerRanges`), while a profiler runs;
+5. the stall watchdog (:class:`~.stall.StallWatchdog`): who everyone waits for, the timeout;
+6. the profiler's ranges (:class:`~.profiling.ProfilerRanges`), while a profiler runs;
 
 then to the user's own observers (``HookState(observers=...)``). One options object
 (:class:`~.options.TelemetryOptions`) configures them all; one pickling rule (the options
 survive, threads, files and marks do not); one :meth:`close`.
 
-Cost when nothing watches: one clock mark and two small objects per bucket (on CUDA the mark
-is the event the communication stream waits for anyway).
+Cost when nothing records: one clock mark and three small objects per bucket (on CUDA the mark
+is the event the communication stream waits for anyway), and the watchdog's timestamp per
+transfer.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from .options import TelemetryOptions, collect_telemetry_options
 from .profiling import ProfilerRanges
 from .recorder import Telemetry
 from .sinks import ADVICE_TAG, advice_panel
+from .stall import StallWatchdog
 from .timeline import Timeline
 from .timer import DeviceTimers
 from .watcher import BucketWatch, StepWatch, Watcher
@@ -74,8 +77,10 @@ class Observation:
     def _start(self, recorder: Telemetry) -> None:
         self.recorder = recorder
         self.timeline = Timeline(log_dir=self.options.log_dir)
+        self.watchdog = StallWatchdog(self.options, recorder)
         self.watchers: tuple[Watcher, ...] = (
-            recorder, self.timeline, LinkTiming(recorder), ArrivalGather(recorder), ProfilerRanges(),
+            recorder, self.timeline, LinkTiming(recorder), ArrivalGather(recorder), self.watchdog,
+            ProfilerRanges(),
         )
         self._timers = DeviceTimers()  # the one timer pool: one CUDA clock anchor per GPU
         self._exchange = StepExchange()
@@ -124,14 +129,22 @@ class Observation:
             marked=any([watcher.wants_marks(step) for watcher in self.watchers]),  # every one is asked
         )
 
-    def launched(self, bucket: BucketWatch) -> None:
-        """``bucket``'s Future exists; after a step's last bucket, queue its exchange."""
+    def launched(self, bucket: BucketWatch, future: torch.futures.Future) -> torch.futures.Future:
+        """``future`` will complete ``bucket``: every watcher may put a Future of its own in its
+        place (in order); the last one is DDP's. After a step's last bucket, queue its exchange."""
+        for watcher in self.watchers:
+            future = watcher.launched(bucket, future)
+        bucket.future = future
         step = self._open
-        if step is None or step.step != bucket.step or not step.exchanged:
-            return
-        step.futures.append(bucket.future)
-        if bucket.is_last:
-            self._exchange.submit(step, self._exchangers)
+        if step is not None and step.step == bucket.step and step.exchanged:
+            step.futures.append(future)
+            if bucket.is_last:
+                self._exchange.submit(step, self._exchangers)
+        return future
+
+    def stall_report(self) -> str | None:
+        """The stall watchdog's latest finding while a bucket waits too long (who is stalled)."""
+        return self.watchdog.report()
 
     # -- the bucket's thread ---------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -73,11 +74,22 @@ class TelemetryOptions:
             they are not pickled (a sink holds files or memory of this process).
         capacity: how many finished steps may wait for the writer before new ones are dropped.
         summary_window: how many recent samples per bucket the summary's percentiles use.
+        stall_after: seconds a bucket may wait without progress (a transfer done, a step
+            completed) before this rank reports a stall: who waits for whom, read through the
+            process group's store, and the rank at the end of the chain named (logged, warned,
+            and with ``log_dir`` the ``comm/stall`` panel and ``stall_rank{r}.json``);
+            repeated every ``stall_after`` while it lasts (:mod:`.stall`).
+        stall_timeout: seconds without progress after which the waiting bucket's Future fails
+            with an error naming the stalled rank and the group's pending transfers are
+            aborted, so the process can exit and be restarted from a checkpoint; longer than
+            ``stall_after``. ``None``: 90% of the process group's own timeout, so this error,
+            which names the rank, comes before the backend's, which names none.
         links: on the steps that gather across ranks (``spread_every``, the trace window), also
             time every directed link from the hook's own transfers and name a slow one
             (:mod:`.link_timing`); needs ``spread_every`` or ``trace_steps``. Off by default.
 
-    Nothing is observed unless ``log_dir``, ``spread_every`` or ``sinks`` ask for it.
+    Nothing is recorded unless ``log_dir``, ``spread_every`` or ``sinks`` ask for it; the stall
+    watchdog always watches (a timestamp per transfer; its thread sleeps).
     """
 
     log_dir: str | os.PathLike | None = None
@@ -88,6 +100,8 @@ class TelemetryOptions:
     sinks: tuple = ()
     capacity: int = 1024
     summary_window: int = 1024
+    stall_after: float = 60.0
+    stall_timeout: float | None = None
     links: bool = False
 
     def __post_init__(self) -> None:
@@ -100,6 +114,7 @@ class TelemetryOptions:
             "sinks": _sinks(self.sinks),
             "capacity": _positive_int("capacity", self.capacity),
             "summary_window": _positive_int("summary_window", self.summary_window),
+            **_stall_seconds(self.stall_after, self.stall_timeout),
             "links": _links(self.links, self.spread_every, self.trace_steps),
         }
         for name, value in checked.items():  # normalized (a str log_dir, a range, a tuple)
@@ -151,6 +166,24 @@ def _non_negative_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0 (0 turns it off), got {value!r}")
     return value
+
+
+def _stall_seconds(stall_after, stall_timeout) -> dict[str, float | None]:
+    """The watchdog's two durations, checked: positive seconds, the timeout after the warning."""
+    checked = {"stall_after": _positive_seconds("stall_after", stall_after)}
+    checked["stall_timeout"] = None if stall_timeout is None else _positive_seconds("stall_timeout", stall_timeout)
+    if checked["stall_timeout"] is not None and checked["stall_timeout"] <= checked["stall_after"]:
+        raise ValueError(
+            f"stall_timeout={checked['stall_timeout']:g} s must be longer than stall_after={checked['stall_after']:g} s: the watchdog "
+            "first reports a stall, then fails the bucket; pass a longer stall_timeout or a shorter stall_after"
+        )
+    return checked
+
+
+def _positive_seconds(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
 
 
 def _writable_log_dir(log_dir) -> str | None:

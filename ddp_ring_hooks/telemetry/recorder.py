@@ -68,10 +68,11 @@ class _PeerTraces:
 
 @dataclasses.dataclass(frozen=True)
 class _Text:
-    """A text panel for this rank's own files (the advisor's, at close)."""
+    """A text panel for this rank's own files (the advisor's at close, the stall watchdog's)."""
 
     tag: str
     text: str
+    step: int = 0
 
 
 class Telemetry(Watcher):
@@ -189,12 +190,12 @@ class Telemetry(Watcher):
         into its trace file, shifted onto its clock."""
         self._queue.put(_PeerTraces(tuple(traces)), timeout=_CLOSE_TIMEOUT_S)
 
-    def write_text(self, tag: str, text: str, *, group=None) -> None:
-        """A text panel into this rank's own TensorBoard run (``log_dir``), at step 0."""
+    def write_text(self, tag: str, text: str, *, group=None, step: int = 0) -> None:
+        """A text panel into this rank's own TensorBoard run (``log_dir``), at ``step``."""
         if self._closed or self.options.log_dir is None:
             return
         self._start(group)
-        self._queue.put(_Text(tag, text), timeout=_CLOSE_TIMEOUT_S)
+        self._queue.put(_Text(tag, text, step), timeout=_CLOSE_TIMEOUT_S)
 
     # -- starting, flushing, closing -------------------------------------------------------
 
@@ -322,7 +323,7 @@ class Telemetry(Watcher):
         if isinstance(item, _Text):
             for sink, _ in self._file_routes:
                 if isinstance(sink, TensorBoardSink):
-                    self._guard(lambda: sink.write_text(item.tag, item.text, 0))
+                    self._guard(lambda: sink.write_text(item.tag, item.text, item.step))
             return
         spread = isinstance(item, RankArrivals | LinkTimes) and self._is_spread_step(item.step)
         if isinstance(item, LinkTimes):

@@ -12,7 +12,8 @@ per-bucket recorder, the advisor's timeline, the arrivals gather, the profiler's
         once per step                                                    order on every rank:
       watcher.on_bucket(bucket)                                            watcher.exchange(step,
         -> an ExecutionObserver                                                         peers)
-    launched(future)  (the last bucket of an exchanging step queues the exchange)
+    launched(future)  watcher.launched(bucket, future) -> the Future DDP waits on
+                      (the last bucket of an exchanging step queues the exchange)
 
 Adding a watcher is a local change: a class with the methods below that it needs (each is a
 no-op here), added to the tuple of watchers the observation builds (``Observation._start``). Hot-path
@@ -53,6 +54,12 @@ class Watcher:
         also a context manager is entered around the bucket's job on that thread (see
         :meth:`BucketWatch.running`)."""
         return None
+
+    def launched(self, bucket: BucketWatch, future):
+        """Hook thread: DDP will wait on ``future`` for ``bucket``; return it, or a Future that
+        completes with it unless this watcher fails it first (the stall watchdog, at
+        ``stall_timeout``). The next watcher is given what this one returns."""
+        return future
 
     def on_step_done(self, step: StepWatch) -> None:
         """Every bucket of a marked ``step`` finished (on the thread of the last one to finish;
@@ -136,7 +143,8 @@ class BucketWatch(FanOut):
       ``handed`` (taken first, as DDP handed the bucket over; on CUDA also the event the
       communication stream waits for), and on marked steps ``phases`` (``(name, mark)`` at each
       phase) and ``end``; ``cpu_ms``, the CPU time of the thread that ran the whole all-reduce;
-    - ``future``: the Future DDP got for it (after :meth:`launched`).
+    - ``future``: the Future DDP got for it (after :meth:`launched`); ``explain``: how the hook
+      state names a failure of this bucket (an error in, the error DDP should raise out).
 
     Read marks through :meth:`StepWatch.read` (once every bucket of the step finished): CUDA
     events are recycled after that one reading. Host marks (``timer.on_host``) are plain
@@ -166,6 +174,7 @@ class BucketWatch(FanOut):
         self.cpu_ms = 0.0
         self._cpu = None  # (thread, its CPU clock) at the first phase
         self.future = None
+        self.explain = None
 
     def watched_by(self, observers: tuple[ExecutionObserver, ...]) -> None:
         """The watchers' observers of this bucket (the observation sets them at hand-over)."""
@@ -208,10 +217,11 @@ class BucketWatch(FanOut):
 
         return run
 
-    def launched(self, future):
-        """DDP gets ``future`` for this bucket; returns it. After the last bucket of a step that
-        watchers exchange after, the observation queues the exchange (on the hook thread:
-        DDP's order, the same on every rank)."""
-        self.future = future
-        self._observation.launched(self)
-        return future
+    def launched(self, future, *, explain=None):
+        """``future`` will complete this bucket; returns the Future DDP gets: ``future`` as the
+        watchers pass it on (the stall watchdog's may fail first, with an error it has
+        ``explain`` name: the hook state's, e.g. ``HookFailedError``). After the last bucket of
+        a step that watchers exchange after, the observation queues the exchange (on the hook
+        thread: DDP's order, the same on every rank)."""
+        self.explain = explain
+        return self._observation.launched(self, future)

@@ -9,8 +9,13 @@ and ``--kill-step``, that rank SIGKILLs itself at that step on the first attempt
     attempt 0:  step 0 -> ckpt 1, step 1 -> ckpt 2, step 2: rank 1 killed   (agent restarts all)
     attempt 1:  load ckpt 2 (hook state: iteration 2), step 2, step 3, ... -> results
 
-Used by ``tests/test_faults.py`` (elastic restart) and ``tests/test_multinode.py``
-(two agents, hierarchical hook).
+With ``--stall-rank`` and ``--stall-step`` that rank hangs instead (it sleeps in its training
+loop, as a deadlock or a blocked read would keep it): alive, never coming to the all-reduce.
+The others' stall watchdog (``--stall-after``, ``--stall-timeout``) fails their bucket at the
+timeout naming it, they exit, and the agent stops the hung rank and restarts everyone.
+
+Used by ``tests/test_faults.py`` (elastic restart), ``tests/test_stall.py`` (restart after a
+stall) and ``tests/test_multinode.py`` (two agents, hierarchical hook).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -79,6 +85,18 @@ def loss_of(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) ->
     return torch.nn.functional.mse_loss(model(inputs), targets)
 
 
+def uninterrupted_params(steps: int, world_size: int = 2) -> torch.Tensor:
+    """The parameters after ``steps`` steps of the same training without a fault, in one
+    process: the mean of the ranks' losses (what the job's averaged gradients descend)."""
+    reference = make_model()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(steps):
+        optimizer.zero_grad()
+        (sum(loss_of(reference, make_batch(step, r)) for r in range(world_size)) / world_size).backward()
+        optimizer.step()
+    return torch.cat([p.detach().view(-1) for p in reference.parameters()])
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for checkpoint and results")
@@ -86,6 +104,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--algorithm", default="ring", help="hook algorithm (ring, hierarchical, ...)")
     parser.add_argument("--kill-rank", type=int, default=-1, help="rank that SIGKILLs itself (first attempt only)")
     parser.add_argument("--kill-step", type=int, default=-1, help="step at which it does")
+    parser.add_argument("--stall-rank", type=int, default=-1, help="rank that hangs (first attempt only)")
+    parser.add_argument("--stall-step", type=int, default=-1, help="step at which it does")
+    parser.add_argument("--stall-after", type=float, help="the hook's stall_after (seconds)")
+    parser.add_argument("--stall-timeout", type=float, help="the hook's stall_timeout (seconds)")
     return parser.parse_args()
 
 
@@ -121,7 +143,9 @@ def main() -> None:
         model.register_comm_hook(state, ring_hook)
         start = saved["step"]
     else:
-        state = ddp_ring_hooks.register(model, algorithm=args.algorithm)
+        watchdog = {name: value for name, value in (("stall_after", args.stall_after), ("stall_timeout", args.stall_timeout))
+                    if value is not None}
+        state = ddp_ring_hooks.register(model, algorithm=args.algorithm, **watchdog)
         start = 0
     resumed_iteration = state.iteration
 
@@ -130,6 +154,8 @@ def main() -> None:
     for step in range(start, args.steps):
         if attempt == 0 and rank == args.kill_rank and step == args.kill_step:
             os.kill(os.getpid(), signal.SIGKILL)
+        if attempt == 0 and rank == args.stall_rank and step == args.stall_step:
+            time.sleep(3600)  # until the agent stops it
         batch = make_batch(step, rank)
         optimizer.zero_grad()
         loss_of(model, batch).backward()

@@ -124,7 +124,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(args, name, default)
     args.world_sizes = [int(p) for p in args.world_sizes.split(",") if p]
     if args.lab:
-        parse_rate(args.link)  # a bad rate fails here, before any lab is made
+        try:
+            parse_rate(args.link)  # a bad rate fails here, before any lab is made
+        except ValueError as error:
+            parser.error(f"--link: {error}")
         if min([args.nproc, *args.world_sizes]) < 2:
             parser.error("the base and every world size need at least 2 hosts")
     return args

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_ring_hooks.cli._seed_table import article_seconds, corrected_seconds
 from ddp_ring_hooks.cli.__main__ import main as cli_main
+from ddp_ring_hooks.cli._seed_table import article_seconds, corrected_seconds
 from ddp_ring_hooks.lab import registry
 from ddp_ring_hooks.lab.iproute import existing_namespaces
 

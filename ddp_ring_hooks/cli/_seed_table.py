@@ -17,9 +17,9 @@ How it measures:
 1. **One lab** of the largest world size (one network namespace per host, every link shaped
    to ``--link``); every host runs this command's worker, one rank each, gloo over TCP.
 2. **Per world size p**, the first ``p`` ranks form a process group and run ``bench``'s sweep
-   (:func:`ddp_ring_hooks.bench.run_sweep`: the correctness check, one untimed call, then one
-   timed call per round after a barrier, slowest rank, the median of ``--rounds``, naive and
-   ring alternating); the other hosts wait. One lab for every ``p`` starts each host's Python
+   (:func:`ddp_ring_hooks.bench.run_sweep`): per round and algorithm, naive then ring, two
+   untimed calls (the first also checks the sum) and one timed after a barrier, the slowest
+   rank's; the table shows the median of ``--rounds``. The other hosts wait. One lab for every ``p`` starts each host's Python
    once: on a shared machine that is most of the time of a short table.
 3. **The α-β fit**, when two sizes or more are measured: per algorithm and ``p``, α and β by
    :func:`ddp_ring_hooks.cost_model.fit_per_algorithm`, and β against the link's own ``1/B``.
@@ -34,6 +34,7 @@ import sys
 from .. import bench
 from ..cost_model import predict
 from ..lab import RATE_HELP, EmulatedCluster, LabError, format_rate, parse_rate
+from ..launch import run_on_ranks
 from ..units import format_size
 from . import fail
 
@@ -71,8 +72,6 @@ def run_table(args: argparse.Namespace) -> int:
     except ValueError as error:
         return fail("lab table", str(error))
     if args.worker:
-        from ..launch import run_on_ranks
-
         run_on_ranks(_measure_on_rank, world_sizes, sizes, args.rounds, link, nproc=1)  # joins the lab's job
         return 0
     worker = [sys.executable, "-m", "ddp_ring_hooks", "lab", "table", "--worker", "--world-sizes", args.world_sizes,
@@ -94,9 +93,9 @@ def run_table(args: argparse.Namespace) -> int:
         for fit in fits:
             print(f"#   p={fit['world_size']:<3} {fit['line']}")
     if args.json:
+        plain_fits = [{key: value for key, value in fit.items() if key != "line"} for fit in fits]
         with open(args.json, "w", encoding="utf-8") as file:
-            json.dump({"link": format_rate(link), "rows": rows, "fits": [{k: v for k, v in fit.items() if k != "line"}
-                                                                       for fit in fits]}, file, indent=1)
+            json.dump({"link": format_rate(link), "rows": rows, "fits": plain_fits}, file, indent=1)
             file.write("\n")
         print(f"# wrote {len(rows)} rows and {len(fits)} fits to {args.json}")
     return 0
@@ -145,7 +144,7 @@ def article_seconds(algorithm: str, nbytes: int, world_size: int, *, link_bits_p
     return world_size * one_pass if algorithm == "naive" else (world_size - 1) / world_size * one_pass
 
 
-def table_rows(records, *, link_bits_per_s: int) -> list[dict]:
+def table_rows(records: list[bench.BenchRecord], *, link_bits_per_s: int) -> list[dict]:
     """One row per measured (size, p, algorithm): measured seconds, both formulas, the ratios."""
     rows = []
     for r in records:
@@ -158,15 +157,15 @@ def table_rows(records, *, link_bits_per_s: int) -> list[dict]:
     return rows
 
 
-def fitted(records) -> list[dict]:
+def fitted(records: list[bench.BenchRecord]) -> list[dict]:
     """α, β per (p, algorithm) from two sizes or more, with β·B (1.00: each byte at the link's rate)."""
     fits = []
     for p in sorted({r.world_size for r in records}):
         mine = [r for r in records if r.world_size == p]
         if len({r.nbytes for r in mine}) < 2:
             continue
+        link_GBps = mine[0].link_GBps
         for algorithm, (calibration, error) in bench.model_errors(mine).items():
-            link_GBps = mine[0].link_GBps
             fits.append({"world_size": p, "algorithm": algorithm, "alpha_s": calibration.alpha,
                          "beta_s_per_byte": calibration.beta, "beta_x_link": calibration.beta * link_GBps * 1e9,
                          "median_error": error,
@@ -180,10 +179,10 @@ def format_seed_table(rows: list[dict], *, link_bits_per_s: int, rounds: int) ->
     for nbytes in sorted({row["nbytes"] for row in rows}):
         mine = [row for row in rows if row["nbytes"] == nbytes]
         lines += [
-            f"# the seed's table, measured: all-reduce of {format_size(nbytes)} per rank on {format_rate(link_bits_per_s)} "
-            f"links, slowest rank, median of {rounds}",
-            f"# {'p':>3}  {'naive':>8} {'corrected':>10} {'article':>8}   {'ring':>7} {'corrected':>10} {'article':>8}"
-            f"   {'naive/ring':>10}",
+            (f"# the seed's table, measured: all-reduce of {format_size(nbytes)} per rank on "
+             f"{format_rate(link_bits_per_s)} links, slowest rank, median of {rounds}"),
+            (f"# {'p':>3}  {'naive':>8} {'corrected':>10} {'article':>8}   {'ring':>7} {'corrected':>10} {'article':>8}"
+             f"   {'naive/ring':>10}"),
         ]
         for p in sorted({row["world_size"] for row in mine}):
             naive, ring = (next(row for row in mine if row["world_size"] == p and row["algorithm"] == a)

@@ -58,6 +58,7 @@ def test_help_shows_the_command(capsys):
     (["--sizes", "4Q"], "4Q"),
     (["--link", "400Mbps"], "megabytes per second"),
     (["--rounds", "0"], "--rounds must be at least 1"),
+    (["--json", "/no/such/dir/table.json"], "no such directory"),
 ])
 def test_bad_input_is_refused_with_the_fix(arguments, message, capsys):
     assert cli_main(["lab", "table", *arguments]) == 2

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .. import bench
@@ -46,7 +47,7 @@ def add_table_parser(actions) -> None:
     """Add ``table`` to ``ddp-ring-hooks lab``'s actions."""
     table = actions.add_parser(
         "table", help="the seed article's table measured: naive vs ring all-reduce time as hosts are added",
-        description=__doc__.split("\n\n")[0] + "\n\n    ddp-ring-hooks lab table --world-sizes 2,4,8 --sizes 16M "
+        description=__doc__.split("\n\n")[0] + "\n\n    ddp-ring-hooks lab table --world-sizes 2,4,8 --sizes 4M,16M "
                     "--link 400Mbit --rounds 3\n\nSee docs/algorithms.md and docs/lab.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RATE_HELP,
     )
@@ -67,6 +68,8 @@ def add_table_parser(actions) -> None:
 
 
 def run_table(args: argparse.Namespace) -> int:
+    """Bring up the lab, run the worker on every host, print (and write) the table; 2 on bad input
+    or when the lab cannot be made or a host fails (the message names it)."""
     try:
         world_sizes, sizes, link = _checked(args)
     except ValueError as error:
@@ -114,6 +117,8 @@ def _checked(args: argparse.Namespace) -> tuple[list[int], list[int], int]:
         raise ValueError(f"--sizes must be at least one float (4 bytes); got {args.sizes!r}")
     if args.rounds < 1:
         raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        raise ValueError(f"--json {args.json}: no such directory; make it first (checked before the lab measures)")
     return sorted(world_sizes), sizes, parse_rate(args.link)
 
 

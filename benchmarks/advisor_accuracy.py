@@ -39,7 +39,9 @@ hosts as the largest world size, every link shaped to ``--link``, one process pe
 over TCP. The base run trains on the first ``--nproc`` hosts while the others wait at the
 blocks' barriers; a world-size setting ``p`` trains on the first ``p`` hosts, so its blocks pair
 with the base's like every other setting's. The default model there is ``mlp_wide``, the MLP of
-``mlp_steps.py`` (4 x 1024², 16 MiB of gradients, batch 64), whose step the link decides::
+``mlp_steps.py`` (4 x 1024², 16 MiB of gradients) at batch 8, whose step the link decides: every
+host computes on this machine's shared cores, so p hosts computing at once take longer than one
+would alone, which a real cluster would not; a small batch keeps that share of the step small::
 
     python benchmarks/advisor_accuracy.py --lab                    # 2 hosts -> p = 3, 4; k = 2, 4; caps 1, 100
     python benchmarks/advisor_accuracy.py --lab --link 100Mbit --world-sizes 3,4,6
@@ -65,7 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "train_examples"))
 
 import ddp_ring_hooks  # noqa: E402
-from ddp_ring_hooks.advisor import Setting, step_model  # noqa: E402
+from ddp_ring_hooks.advisor import Setting, from_bench, step_model  # noqa: E402
 from ddp_ring_hooks.lab import EmulatedCluster, LabError, parse_rate  # noqa: E402
 from ddp_ring_hooks.launch import run_on_ranks  # noqa: E402
 from ddp_ring_hooks.machine import MachineLoad, describe_load  # noqa: E402
@@ -109,6 +111,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="run every rank on a host of an emulated lab, over shaped links, instead of on loopback")
     lab.add_argument("--link", default="400Mbit", metavar="RATE", help="with --lab: every host's link (default: %(default)s)")
     lab.add_argument("--world-sizes", metavar="P[,P...]", help="with --lab: world sizes to predict and measure (default: 3,4)")
+    parser.add_argument("--network", metavar="BENCH_JSON",
+                     help="price the predictions with the alpha, beta that `bench --json` fitted (e.g. on the lab) "
+                          "instead of those the base run's own buckets give")
     lab.add_argument("--timeout", type=float, default=1800.0, metavar="SECONDS",
                      help="with --lab: give up on a round after this long (default: %(default)s)")
     lab.add_argument("--worker", metavar="PATH", help=argparse.SUPPRESS)  # one rank on a lab host; rank 0 writes PATH
@@ -123,6 +128,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, default)
     args.world_sizes = [int(p) for p in args.world_sizes.split(",") if p]
+    if args.network:
+        try:
+            with open(args.network, encoding="utf-8") as file:
+                args.network = from_bench(json.load(file))
+        except (OSError, ValueError, KeyError) as error:
+            parser.error(f"--network {args.network}: {error}; write one with `ddp-ring-hooks bench --json FILE`")
     if args.lab:
         try:
             parse_rate(args.link)  # a bad rate fails here, before any lab is made
@@ -146,7 +157,7 @@ def build(model_name: str):
         module = torch.nn.Sequential(*layers, torch.nn.Linear(512, 10))
         return module, (lambda g: torch.randn(32, 512, generator=g)), (lambda out, batch: out.square().mean())
     if model_name == "mlp_wide":  # the MLP of mlp_steps.py: 16 MiB of gradients, a step the network decides
-        return build_mlp(layers=4, width=1024), (lambda g: torch.randn(64, 1024, generator=g)), (lambda out, batch: out.square().mean())
+        return build_mlp(layers=4, width=1024), (lambda g: torch.randn(8, 1024, generator=g)), (lambda out, batch: out.square().mean())
     if model_name == "char_lm":
         from char_lm import CharLanguageModel
 
@@ -350,6 +361,8 @@ def main(argv=None) -> int:
             for key, values in measured.items():
                 pairs.setdefault(key, []).extend(values)
         model = step_model(merge_runs(runs))
+        if args.network:
+            model = model.with_network(args.network)
         p = model.profile
         base_blocks = [b for values in pairs.values() for _, b in values]
         print(f"\n## {model_name}: base step {p.step_ms:.1f} ms in the run predicted from; in the blocks "

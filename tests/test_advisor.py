@@ -535,7 +535,8 @@ def test_the_accuracy_benchmark_on_the_lab_measures_world_sizes_and_refuses_bad_
     assert advisor_accuracy.variants_of(advisor_accuracy.parse_args([]))[0]["ranks"] is None  # loopback: every rank
     for argv, message in ((["--world-sizes", "3"], "--world-sizes needs --lab"),
                           (["--lab", "--link", "400Mbps"], "megabytes per second"),
-                          (["--lab", "--world-sizes", "1"], "at least 2 hosts")):
+                          (["--lab", "--world-sizes", "1"], "at least 2 hosts"),
+                          (["--lab", "--network", "/no/such/bench.json"], "write one with `ddp-ring-hooks bench --json")):
         with pytest.raises(SystemExit):
             advisor_accuracy.parse_args(argv)
         assert message in capsys.readouterr().err

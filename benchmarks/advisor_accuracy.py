@@ -30,17 +30,32 @@ measured speed in those same pairs (the median base block, per step)::
 The plain error (the predicted step against the setting's measured step, with the base run
 minutes apart) is printed next to it: on a quiet machine the two agree.
 
-World sizes cannot be checked here (more ranks would share the same 2 cores); the advisor's
-world-size rows price each bucket with ``cost_model`` through the run's α, β, which this
-script checks against ``cost_model.predict`` directly.
+On loopback world sizes cannot be checked (more ranks would share the same 2 cores); the
+advisor's world-size rows price each bucket with ``cost_model`` through the run's α, β, which
+this script checks against ``cost_model.predict`` directly.
+
+**On a network** (``--lab``, needs root): an emulated lab (``ddp_ring_hooks.lab``) of as many
+hosts as the largest world size, every link shaped to ``--link``, one process per host, gloo
+over TCP. The base run trains on the first ``--nproc`` hosts while the others wait at the
+blocks' barriers; a world-size setting ``p`` trains on the first ``p`` hosts, so its blocks pair
+with the base's like every other setting's. The default model there is ``mlp_wide``, the MLP of
+``mlp_steps.py`` (4 x 1024², 16 MiB of gradients) at batch 8, whose step the link decides: every
+host computes on this machine's shared cores, so p hosts computing at once take longer than one
+would alone, which a real cluster would not; a small batch keeps that share of the step small::
+
+    python benchmarks/advisor_accuracy.py --lab                    # 2 hosts -> p = 3, 4; k = 2, 4; caps 1, 100
+    python benchmarks/advisor_accuracy.py --lab --link 100Mbit --world-sizes 3,4,6
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,18 +67,28 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "train_examples"))
 
 import ddp_ring_hooks  # noqa: E402
-from ddp_ring_hooks.advisor import Setting, step_model  # noqa: E402
+from ddp_ring_hooks.advisor import Setting, from_bench, step_model  # noqa: E402
+from ddp_ring_hooks.lab import EmulatedCluster, LabError, parse_rate  # noqa: E402
 from ddp_ring_hooks.launch import run_on_ranks  # noqa: E402
 from ddp_ring_hooks.machine import MachineLoad, describe_load  # noqa: E402
-from ddp_ring_hooks.telemetry.timeline_records import TimelineRecord  # noqa: E402
+from ddp_ring_hooks.telemetry.timeline_records import TimelineRecord, record_from_json  # noqa: E402
+from mlp_steps import build_mlp  # noqa: E402
 
 MEDIAN_TARGET, WORST_TARGET = 0.10, 0.25
+#: What each run predicts, on loopback and on the lab (where the step is the link's).
+DEFAULTS = {
+    "loopback": {"models": "mlp,char_lm", "accumulate": "2,4,8", "bucket_caps": "1,4,25",
+                 "algorithms": "halving_doubling,native", "world_sizes": ""},
+    "lab": {"models": "mlp_wide", "accumulate": "2,4", "bucket_caps": "1,100", "algorithms": "", "world_sizes": "3,4"},
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="mlp,char_lm", help="comma list of mlp, char_lm (default: %(default)s)")
-    parser.add_argument("--nproc", type=int, default=2, help="ranks to spawn (default: %(default)s)")
+    parser.add_argument("--models", help="comma list of mlp, char_lm, mlp_wide (default: mlp,char_lm; "
+                                          "with --lab: mlp_wide)")
+    parser.add_argument("--nproc", type=int, default=2,
+                        help="ranks of the base run: spawned, or with --lab the first hosts (default: %(default)s)")
     parser.add_argument("--warmup-steps", type=int, default=6,
                         help="steps of the untimed fit at the start of every round's processes (at least 6: "
                              "its median step sets how many steps the run and the blocks take) (default: %(default)s)")
@@ -77,13 +102,45 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "run's step (times k), at least 2 (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="rounds (fresh processes); medians over all (default: %(default)s)")
-    parser.add_argument("--accumulate", default="2,4,8", help="k values to predict (default: %(default)s)")
-    parser.add_argument("--bucket-caps", default="1,4,25", help="bucket_cap_mb values to predict (default: %(default)s)")
-    parser.add_argument("--algorithms", default="halving_doubling,native", help="algorithms to predict (default: %(default)s)")
+    parser.add_argument("--accumulate", help="k values to predict (default: 2,4,8; with --lab: 2,4)")
+    parser.add_argument("--bucket-caps", help="bucket_cap_mb values to predict (default: 1,4,25; with --lab: 1,100)")
+    parser.add_argument("--algorithms", help="algorithms to predict (default: halving_doubling,native; "
+                                              "with --lab: none)")
+    lab = parser.add_argument_group("on an emulated network (needs root; see docs/lab.md)")
+    lab.add_argument("--lab", action="store_true",
+                     help="run every rank on a host of an emulated lab, over shaped links, instead of on loopback")
+    lab.add_argument("--link", default="400Mbit", metavar="RATE", help="with --lab: every host's link (default: %(default)s)")
+    lab.add_argument("--world-sizes", metavar="P[,P...]", help="with --lab: world sizes to predict and measure (default: 3,4)")
+    parser.add_argument("--network", metavar="BENCH_JSON",
+                     help="price the predictions with the alpha, beta that `bench --json` fitted (e.g. on the lab) "
+                          "instead of those the base run's own buckets give")
+    lab.add_argument("--timeout", type=float, default=1800.0, metavar="SECONDS",
+                     help="with --lab: give up on a round after this long (default: %(default)s)")
+    lab.add_argument("--worker", metavar="PATH", help=argparse.SUPPRESS)  # one rank on a lab host; rank 0 writes PATH
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what the lab's hosts run again
     for name in ("run_ms", "pairs", "rounds", "block_ms"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.world_sizes and not args.lab:
+        parser.error("--world-sizes needs --lab: on loopback more ranks would share the same cores")
+    for name, default in DEFAULTS["lab" if args.lab else "loopback"].items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    args.world_sizes = [int(p) for p in args.world_sizes.split(",") if p]
+    if args.network:
+        try:
+            with open(args.network, encoding="utf-8") as file:
+                args.network = from_bench(json.load(file))
+        except (OSError, ValueError, KeyError) as error:
+            parser.error(f"--network {args.network}: {error}; write one with `ddp-ring-hooks bench --json FILE`")
+    if args.lab:
+        try:
+            parse_rate(args.link)  # a bad rate fails here, before any lab is made
+        except ValueError as error:
+            parser.error(f"--link: {error}")
+        if min([args.nproc, *args.world_sizes]) < 2:
+            parser.error("the base and every world size need at least 2 hosts")
     return args
 
 
@@ -99,6 +156,8 @@ def build(model_name: str):
             layers += [torch.nn.Linear(512, 512), torch.nn.ReLU()]
         module = torch.nn.Sequential(*layers, torch.nn.Linear(512, 10))
         return module, (lambda g: torch.randn(32, 512, generator=g)), (lambda out, batch: out.square().mean())
+    if model_name == "mlp_wide":  # the MLP of mlp_steps.py: 16 MiB of gradients, a step the network decides
+        return build_mlp(layers=4, width=1024), (lambda g: torch.randn(8, 1024, generator=g)), (lambda out, batch: out.square().mean())
     if model_name == "char_lm":
         from char_lm import CharLanguageModel
 
@@ -111,21 +170,32 @@ def build(model_name: str):
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
         return module, batch, loss
-    raise ValueError(f"unknown model {model_name!r}; choose mlp or char_lm")
+    raise ValueError(f"unknown model {model_name!r}; choose mlp, char_lm or mlp_wide")
 
 
 class Trainer:
-    """One setting's DDP model, hook and optimizer, trained a block of steps at a time."""
+    """One setting's DDP model, hook and optimizer, trained a block of steps at a time.
 
-    def __init__(self, model_name: str, *, accumulate: int, bucket_cap_mb, algorithm: str) -> None:
+    ``ranks``: train on the job's first ``ranks`` ranks only (their process group is
+    ``group``); the others build nothing and only meet the blocks' barriers. ``None``: every rank.
+    """
+
+    def __init__(self, model_name: str, *, accumulate: int, bucket_cap_mb, algorithm: str,
+                 ranks: int | None = None, group=None) -> None:
+        self.member = ranks is None or torch.distributed.get_rank() < ranks
+        if not self.member:
+            return
         module, self.make_batch, self.loss_of = build(model_name)
         self.model_name, self.accumulate = model_name, accumulate
-        self.model = DistributedDataParallel(module, **({} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}))
+        self.model = DistributedDataParallel(module, process_group=group,
+                                             **({} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}))
         self.state = ddp_ring_hooks.register(self.model, algorithm=algorithm)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3)
         self.generator = torch.Generator().manual_seed(1)
 
     def steps(self, count: int) -> None:
+        if not self.member:
+            return
         for _ in range(count):
             for micro in range(self.accumulate):
                 batch = self.make_batch(self.generator)
@@ -147,6 +217,8 @@ class Trainer:
         return (time.perf_counter() - started) / count * 1e3
 
     def close(self) -> list[TimelineRecord]:
+        if not self.member:
+            return []
         self.state.close()
         return self.state.timeline.records()
 
@@ -156,28 +228,38 @@ def measure_round(model_name: str, base: dict, variants: list[tuple[str, object,
     Returns the base run's timeline and ``{(knob, value): [(setting_ms, base_ms), ...]}``.
 
     A fresh process runs its first fit slower (allocator, thread pools, gloo's first
-    connections); without the warm-up the base, always first, read up to 15% slow."""
-    warmup = Trainer(model_name, **base)
+    connections); without the warm-up the base, always first, read up to 15% slow.
+
+    Settings that train on fewer ranks than the job (``ranks``, on the lab) get a process
+    group of the first ``ranks`` ranks, made here on every rank in the same order."""
+    world = torch.distributed.get_world_size()
+    sizes = sorted({kwargs["ranks"] for kwargs in [base, *(v for _, _, v in variants)]} - {None, world})
+    groups = {p: torch.distributed.new_group(list(range(p))) for p in sizes}
+
+    def trainer(kwargs: dict) -> Trainer:
+        return Trainer(model_name, group=groups.get(kwargs["ranks"]), **kwargs)
+
+    warmup = trainer(base)
     warmup.steps(max(args.warmup_steps, 6))
     # Step counts come from the slowest rank's warm-up step, so every rank runs the same number.
-    slowest = torch.tensor([median_step_ms(warmup.close())])
+    slowest = torch.tensor([median_step_ms(warmup.close()) if warmup.member else 0.0])
     torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
 
     def steps_lasting(ms: float, accumulate: int, least: int) -> int:
         return max(least, math.ceil(ms / (slowest.item() * accumulate)))
 
-    run = Trainer(model_name, **base)
+    run = trainer(base)
     run.steps(steps_lasting(args.run_ms, 1, 12) + 1)  # the last step only ends the one before it
     records = run.close()
 
     def block_steps(accumulate: int) -> int:
         return steps_lasting(args.block_ms, accumulate, 2)
 
-    reference = Trainer(model_name, **base)
+    reference = trainer(base)
     reference.steps(2)  # untimed: DDP's first iteration (bucket rebuild), cold caches
     pairs: dict[tuple[str, object], list[tuple[float, float]]] = {}
     for knob, value, kwargs in variants:
-        setting = Trainer(model_name, **kwargs)
+        setting = trainer(kwargs)
         setting.steps(2)
         measured = []
         setting_steps, base_steps = block_steps(kwargs["accumulate"]), block_steps(1)
@@ -212,18 +294,56 @@ def median_step_ms(records: list[TimelineRecord]) -> float:
     return statistics.median(r.step_ms for r in records[2:])
 
 
+def variants_of(args) -> tuple[dict, list[tuple[str, object, dict]]]:
+    """The base setting and ``(knob, value, setting)`` for every setting to predict and measure;
+    ``ranks`` is the ranks a setting trains on (``None``: all of them, on loopback)."""
+    base = {"accumulate": 1, "bucket_cap_mb": None, "algorithm": "ring", "ranks": args.nproc if args.lab else None}
+    variants = [("accumulate", int(k), {**base, "accumulate": int(k)}) for k in args.accumulate.split(",") if k]
+    variants += [("bucket_cap_mb", float(c), {**base, "bucket_cap_mb": float(c)}) for c in args.bucket_caps.split(",") if c]
+    variants += [("algorithm", a, {**base, "algorithm": a}) for a in args.algorithms.split(",") if a]
+    variants += [("world_size", p, {**base, "ranks": p}) for p in args.world_sizes]
+    return base, variants
+
+
+def lab_hosts(args) -> int:
+    return max(args.nproc, *args.world_sizes)
+
+
+def measure_on_lab(model_name: str, args) -> tuple[list[TimelineRecord], dict]:
+    """One round on an emulated lab of :func:`lab_hosts` hosts: this script once per host
+    (``--worker``), joined into one job; rank 0 writes the base run's timeline and the pairs."""
+    with tempfile.TemporaryDirectory(prefix="advisor_accuracy_") as scratch, \
+            EmulatedCluster(hosts=lab_hosts(args), link=args.link) as lab:
+        out = Path(scratch) / "round.json"
+        lab.run([sys.executable, str(Path(__file__).resolve()), *args.argv, "--models", model_name, "--worker", str(out)],
+                timeout=args.timeout)
+        data = json.loads(out.read_text())
+    records = [record_from_json(line) for line in data["timeline"]]
+    return records, {(knob, value): [tuple(pair) for pair in measured] for knob, value, measured in data["pairs"]}
+
+
+def work_on_lab_host(args) -> None:
+    """``--worker``: one rank of the round's job (the lab set torchrun's variables); rank 0
+    writes what :func:`measure_on_lab` reads."""
+    base, variants = variants_of(args)
+    records, pairs = run_on_ranks(measure_round, args.models, base, variants, args, nproc=1)
+    if os.environ["RANK"] == "0":
+        Path(args.worker).write_text(json.dumps({
+            "timeline": [record.to_json() for record in records],
+            "pairs": [[knob, value, measured] for (knob, value), measured in pairs.items()],
+        }))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    ks = [int(k) for k in args.accumulate.split(",")]
-    caps = [float(c) for c in args.bucket_caps.split(",")]
-    algorithms = [a for a in args.algorithms.split(",") if a]
-    base = {"accumulate": 1, "bucket_cap_mb": None, "algorithm": "ring"}
-    variants = [("accumulate", k, {**base, "accumulate": k}) for k in ks]
-    variants += [("bucket_cap_mb", c, {**base, "bucket_cap_mb": c}) for c in caps]
-    variants += [("algorithm", a, {**base, "algorithm": a}) for a in algorithms]
-
+    if args.worker:
+        work_on_lab_host(args)
+        return 0
+    base, variants = variants_of(args)
     start = MachineLoad.now()
-    print(f"# {args.nproc} gloo ranks; per round: a ~{args.run_ms / 1e3:.0f} s base run to predict from, then "
+    where = (f"an emulated lab of {lab_hosts(args)} hosts on {args.link} links, the base on {args.nproc} of them"
+             if args.lab else f"{args.nproc} gloo ranks")
+    print(f"# {where}; per round: a ~{args.run_ms / 1e3:.0f} s base run to predict from, then "
           f"{args.pairs} block pairs of ~{args.block_ms:.0f} ms per setting; {args.rounds} round(s); "
           f"load average {start.load_average:.1f} on {start.cores} cores at start")
     errors_all, by_model = [], {}
@@ -231,11 +351,18 @@ def main(argv=None) -> int:
         started = time.perf_counter()
         runs, pairs = [], {}
         for _ in range(args.rounds):
-            records, measured = run_on_ranks(measure_round, model_name, base, variants, args, nproc=args.nproc)
+            try:
+                records, measured = (measure_on_lab(model_name, args) if args.lab else
+                                     run_on_ranks(measure_round, model_name, base, variants, args, nproc=args.nproc))
+            except LabError as error:
+                print(f"benchmarks/advisor_accuracy.py: {error}", file=sys.stderr)
+                return 2
             runs.append(records)
             for key, values in measured.items():
                 pairs.setdefault(key, []).extend(values)
         model = step_model(merge_runs(runs))
+        if args.network:
+            model = model.with_network(args.network)
         p = model.profile
         base_blocks = [b for values in pairs.values() for _, b in values]
         print(f"\n## {model_name}: base step {p.step_ms:.1f} ms in the run predicted from; in the blocks "
@@ -262,10 +389,11 @@ def main(argv=None) -> int:
         by_model[model_name] = errors
         print(f"{model_name}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
               f"(targets {MEDIAN_TARGET:.0%}, {WORST_TARGET:.0%})")
-        check_world_sizes(model)
+        if not args.lab:
+            check_world_sizes(model)
     print(f"\nall: median |error| {statistics.median(errors_all):.1%}, worst {max(errors_all):.1%}")
     print("\n".join(verdict_lines(by_model)))
-    print(describe_load(start, MachineLoad.now(), own_processes=args.nproc))
+    print(describe_load(start, MachineLoad.now(), own_processes=lab_hosts(args) if args.lab else args.nproc))
     return 0
 
 
@@ -286,12 +414,12 @@ def setting_of(knob: str, value, profile) -> Setting:
         bucket_cap_mb=value if knob == "bucket_cap_mb" else None,
         accumulate=value if knob == "accumulate" else 1,
         algorithm=value if knob == "algorithm" else "ring",
-        world_size=profile.world_size,
+        world_size=value if knob == "world_size" else profile.world_size,
     )
 
 
 def check_world_sizes(model) -> None:
-    """World-size rows cannot be measured on 2 cores: check their bucket costs are cost_model's."""
+    """World-size rows cannot be measured on loopback's 2 cores: check their bucket costs are cost_model's."""
     from ddp_ring_hooks.cost_model import predict
 
     calibration = model.run_network.calibration("ring")

@@ -17,13 +17,18 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 
-def build_mlp_ddp(*, layers: int, width: int, bucket_cap_mb: float) -> DistributedDataParallel:
+def build_mlp(*, layers: int, width: int) -> torch.nn.Sequential:
     """The benchmark MLP, with the same initial weights on every call (both arms start equal)."""
     torch.manual_seed(0)
     modules: list[torch.nn.Module] = []
     for _ in range(layers):
         modules += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    return DistributedDataParallel(torch.nn.Sequential(*modules), bucket_cap_mb=bucket_cap_mb)
+    return torch.nn.Sequential(*modules)
+
+
+def build_mlp_ddp(*, layers: int, width: int, bucket_cap_mb: float) -> DistributedDataParallel:
+    """:func:`build_mlp` in DDP."""
+    return DistributedDataParallel(build_mlp(layers=layers, width=width), bucket_cap_mb=bucket_cap_mb)
 
 
 def time_steps(

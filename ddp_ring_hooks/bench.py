@@ -217,6 +217,14 @@ def model_errors(
     return errors
 
 
+def format_fit(algorithm: str, calibration: Calibration, error: float, *, link_GBps: float | None = None) -> str:
+    """One fitted algorithm as a line: α, β, and, when the link is known, β against ``1/B``
+    (``beta = 1.04/B``: each byte costs 4% more than the link's own time for it)."""
+    versus_link = f" = {calibration.beta * link_GBps * 1e9:4.2f}/B" if link_GBps else ""
+    return (f"{algorithm:<17} alpha {calibration.alpha * 1e6:8.1f} us  beta {calibration.beta * 1e9:7.3f} ns/B"
+            f"{versus_link}  median |predicted - measured| / measured {error:6.1%}")
+
+
 def _make_inputs(count: int, dtype: torch.dtype, device, group):
     """This rank's input, the exact sum over ranks (float64) and the tolerance per element."""
     generator = torch.Generator().manual_seed(1000 + dist.get_rank())  # different on each rank

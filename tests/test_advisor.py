@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from types import SimpleNamespace
 
 import dataclasses
 
@@ -502,18 +503,43 @@ def test_a_hierarchical_run_is_advised_with_its_own_node_size_wherever_its_log_i
     assert bytes_factor("hierarchical", 8, **setting_options(model.profile, eight)) == pytest.approx(1.75)
 
 
-def test_the_accuracy_benchmark_ends_with_a_verdict_per_model_and_target():
+def accuracy_benchmark():
+    """``benchmarks/advisor_accuracy.py`` as a module."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
     try:
         import advisor_accuracy
     finally:
         sys.path.pop(0)
+    return advisor_accuracy
+
+
+def test_the_accuracy_benchmark_ends_with_a_verdict_per_model_and_target():
+    advisor_accuracy = accuracy_benchmark()
     assert advisor_accuracy.verdict_lines({"mlp": [0.047, 0.01, 0.285], "char-lm": [0.02, 0.03, 0.09]}) == [
         "target mlp median |error| <= 10%: 4.7%, met",
         "target mlp worst |error| <= 25%: 28.5%, missed",
         "target char-lm median |error| <= 10%: 3.0%, met",
         "target char-lm worst |error| <= 25%: 9.0%, met",
     ]
+
+
+def test_the_accuracy_benchmark_on_the_lab_measures_world_sizes_and_refuses_bad_input(capsys):
+    advisor_accuracy = accuracy_benchmark()
+    args = advisor_accuracy.parse_args(["--lab"])
+    assert (args.models, args.accumulate, args.bucket_caps, args.world_sizes) == ("mlp_wide", "2,4", "1,100", [3, 4])
+    base, variants = advisor_accuracy.variants_of(args)
+    assert base["ranks"] == 2 and advisor_accuracy.lab_hosts(args) == 4
+    assert [(knob, value, setting["ranks"]) for knob, value, setting in variants if knob == "world_size"] == [
+        ("world_size", 3, 3), ("world_size", 4, 4)]
+    assert advisor_accuracy.setting_of("world_size", 4, SimpleNamespace(world_size=2)).world_size == 4
+    assert advisor_accuracy.variants_of(advisor_accuracy.parse_args([]))[0]["ranks"] is None  # loopback: every rank
+    for argv, message in ((["--world-sizes", "3"], "--world-sizes needs --lab"),
+                          (["--lab", "--link", "400Mbps"], "megabytes per second"),
+                          (["--lab", "--world-sizes", "1"], "at least 2 hosts"),
+                          (["--lab", "--network", "/no/such/bench.json"], "write one with `ddp-ring-hooks bench --json")):
+        with pytest.raises(SystemExit):
+            advisor_accuracy.parse_args(argv)
+        assert message in capsys.readouterr().err
 
 
 def test_a_ring_order_reaches_the_advisor_as_any_option_does():

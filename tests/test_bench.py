@@ -246,6 +246,16 @@ def test_the_link_limit_is_what_each_rank_must_move_through_its_link():
     assert "limit(us)" not in format_table([record(4, 1 << 24, 600_000.0)])  # link unknown: no column
 
 
+def test_a_fit_reads_beta_against_the_links_own_when_the_link_is_known():
+    from ddp_ring_hooks.bench import format_fit
+    from ddp_ring_hooks.cost_model import Calibration
+
+    # 400 Mbit/s: 1/B = 20 ns per byte; a beta of 20.8 ns/B is 1.04/B.
+    line = format_fit("ring", Calibration(alpha=50e-6, beta=20.8e-9), 0.031, link_GBps=0.05)
+    assert "alpha     50.0 us" in line and "beta  20.800 ns/B = 1.04/B" in line and "3.1%" in line
+    assert " = " not in format_fit("ring", Calibration(alpha=50e-6, beta=20.8e-9), 0.031)  # link unknown
+
+
 def test_table_and_ratios_follow_the_definitions():
     def record(algorithm, nbytes, time_us, p=4):
         algbw = nbytes / (time_us * 1e-6) / 1e9

@@ -161,6 +161,9 @@ def _programs_of(words: list[str]) -> list[tuple[tuple[str, ...], list[str]]]:
     if head == "ddp-ring-hooks" and rest[:2] == ["lab", "run"] and "--" in rest:
         # After "--" comes any command at all (sh -c ...): only the lab's options are checked.
         return [((sys.executable, "-m", "ddp_ring_hooks", "lab", "run"), rest[2:rest.index("--")])]
+    if head == "ddp-ring-hooks" and rest[:1] == ["lab"] and rest[1:2] and rest[1] not in ("run", "torchrun"):
+        # The lab's other actions (up, down, status, table) each answer --help of their own.
+        return [((sys.executable, "-m", "ddp_ring_hooks", "lab", rest[1]), rest[2:])]
     if head == "ddp-ring-hooks":
         return [((sys.executable, "-m", "ddp_ring_hooks", rest[0]), rest[1:])]
     if head == "tensorboard":

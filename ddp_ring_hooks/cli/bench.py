@@ -158,12 +158,10 @@ def _bench_on_rank(
         print(f"# alpha-beta fit skipped: it needs 2 or more message sizes and this sweep has one "
               f"({bench.format_size(sizes_measured[0])}); give -e larger than -b to fit the model")
     if fitted:
-        print("# alpha-beta model fitted per algorithm to these times (ddp_ring_hooks.cost_model):")
+        print("# alpha-beta model fitted per algorithm to these times (ddp_ring_hooks.cost_model)"
+              + (f"; B = the link, {format_rate(link)}" if link else "") + ":")
         for algorithm, (calibration, error) in fitted.items():
-            print(
-                f"#   {algorithm:<17} alpha {calibration.alpha * 1e6:8.1f} us  beta {calibration.beta * 1e9:7.3f} ns/B"
-                f"  median |predicted - measured| / measured {error:6.1%}"
-            )
+            print(f"#   {bench.format_fit(algorithm, calibration, error, link_GBps=records[0].link_GBps)}")
     if args.json:
         bench.write_json(records, args.json)
         print(f"# wrote {len(records)} records to {args.json}")

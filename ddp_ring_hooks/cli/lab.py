@@ -6,6 +6,7 @@
     ddp-ring-hooks lab run -- hostname -I                            # once on every host
     ddp-ring-hooks lab torchrun train_examples/ddp_ring.py --steps 20   # one torchrun agent per host
     ddp-ring-hooks lab down                                          # --stale: labs whose owner died
+    ddp-ring-hooks lab table --world-sizes 2,4,8 --sizes 16M         # the seed's naive-vs-ring table, measured
 
 ``run`` and ``torchrun`` use the lab that ``up`` made; given --hosts (and --link, ...), they
 bring up a lab of their own for the command and remove it afterwards:
@@ -30,6 +31,7 @@ from ..lab import (
     RATE_HELP, EmulatedCluster, LabError, remove_kept_labs, remove_stale_labs, status_report,
 )
 from . import fail
+from ._seed_table import add_table_parser
 
 
 class _CommandParser(argparse.ArgumentParser):
@@ -98,6 +100,8 @@ def add_parser(subparsers) -> None:
                          help="kill the job on every host after this long (default: no limit)")
         job.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD ..." if name == "run" else "[torchrun options] SCRIPT ...")
         job.set_defaults(func=run_job, launcher=name)
+
+    add_table_parser(actions)
 
 
 def _add_shape_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:

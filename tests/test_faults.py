@@ -60,7 +60,8 @@ def _train_until_a_peer_dies(rank: int, world_size: int, victim: int, directory:
 
 def _bucket_after_the_peer_died(rank: int, world_size: int, victim: int, directory: str) -> dict:
     """The victim dies between two steps; the survivor's next bucket then fails when it posts
-    its first send, before anything waits (the error once carried only gloo's socket text)."""
+    its first receive (receives are posted before sends), before anything waits (the error
+    once carried only gloo's socket text)."""
     import ddp_ring_hooks
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -155,7 +156,7 @@ def test_a_peer_dead_before_the_bucket_is_named_by_rank():
     survivors, _ = _run_with_a_victim(2, 1, timeout=60, target=_bucket_after_the_peer_died)
     message = survivors[0]["message"]
     assert "ring_hook (ring): bucket 0 of iteration 2" in message, message
-    assert "of the ring all-reduce failed on rank 0 waiting to send to rank 1:" in message, message
+    assert "of the ring all-reduce failed on rank 0 waiting to receive from rank 1:" in message, message
 
 
 @pytest.mark.timeout(150)

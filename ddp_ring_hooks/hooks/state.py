@@ -41,6 +41,7 @@ import torch.distributed as dist
 from ..advisor import advise
 from ..runtime import ExecutionObserver, run_schedule, worker_for, workers_of
 from ..runtime import cuda_lane as cuda
+from ..runtime import directions
 from ..runtime.collectives import check_device_backend
 from ..runtime.errors import CommunicationError
 from ..runtime.names import NATIVE, check_algorithm_name, has_schedule
@@ -159,6 +160,7 @@ class HookState:
             AutoSelector.probed(self.group, device=device, **_auto_options(options)) if algorithm == AUTO else None
         )
         cuda.prepare(self.group)  # NCCL: the side groups, made while every rank is here
+        directions.prepare(self.group)  # gloo: the second group, one per direction of each pair
         self.observation = Observation(telemetry, observers=observers, advice=advice_table, **telemetry_fields)
 
     # -- the watchers, by name ---------------------------------------------------------------

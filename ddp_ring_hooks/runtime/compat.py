@@ -9,6 +9,8 @@ path calls the group's own ``send``/``recv``), so the floor is checked here at i
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 
@@ -35,3 +37,15 @@ def p2p_op(op, tensor: torch.Tensor, *, group: dist.ProcessGroup, peer: int) -> 
 def broadcast_from_first(tensor: torch.Tensor, *, group: dist.ProcessGroup | None) -> None:
     """Broadcast ``tensor`` from the group's rank 0 (not global rank 0)."""
     dist.broadcast(tensor, group=group, group_src=0)
+
+
+def gloo_timeout(group: dist.ProcessGroup) -> timedelta:
+    """The timeout of ``group``'s gloo backend (gloo's default where this torch does not
+    expose it: ``Backend.options`` is recent)."""
+    options = getattr(group._get_backend(torch.device("cpu")), "options", None)
+    return getattr(options, "_timeout", None) or dist.default_pg_timeout
+
+
+def group_store(group: dist.ProcessGroup) -> dist.Store:
+    """The store ``group`` was made on (prefixed by the group's name)."""
+    return dist.distributed_c10d._get_process_group_store(group)

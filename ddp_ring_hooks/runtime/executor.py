@@ -4,10 +4,25 @@ Everything that depends only on the schedule, the rank and the buffer's size (wh
 goes where, which receive lands in scratch, where a division is fused) is compiled once into
 a :class:`~ddp_ring_hooks.runtime.program.Program` and cached; a call walks its events.
 
-For each step of its plan, a rank posts all its sends and receives (on NCCL as one
+For each step of its plan, a rank posts all its receives, then all its sends (on NCCL as one
 ``batch_isend_irecv`` batch, so their order cannot deadlock), waits for them, then applies
 the receives: ``chunk += received`` for a reduce, ``chunk = received`` for a copy. Sends read
 the chunk as it was before the step, exactly as the schedule's in-memory replay assumes.
+
+Receives first, because of how gloo moves a message (``gloo/transport/tcp/pair.cc``). A
+send only announces itself; its bytes leave once the receiver has answered that its receive is
+posted. Everything a rank writes to one peer, those answers and the payloads alike, goes
+through one first-in first-out queue on one TCP socket per pair of ranks. When a step
+exchanges chunks with one peer (the ring at 2 ranks, every step of halving-doubling,
+hierarchical's leaders) and a rank posts its send first to a peer whose receive is already
+announced, the payload starts at once and the rank's own answer ("my receive is posted") waits
+in the queue behind all of it: the peer's half starts only after this half has crossed the
+link, and the exchange takes up to twice as long on a network. Posted first, the receive's
+answer leaves before any payload and both halves travel at once, as in gloo's own ring
+(``gloo/allreduce.cc`` posts each segment's receive before its send). On CPU the two
+directions of a pair also travel on two gloo groups, the group and its *upward* group
+(:mod:`~ddp_ring_hooks.runtime.directions`): on one, both payloads of an exchange would take
+turns at one lock, which costs where copies rather than the wire set the pace (loopback).
 
 - Chunks are cut like ``flat.tensor_split(num_chunks)``: any element count works, uneven
   tails are allowed, and empty chunks send nothing (both ends know the sizes, so they agree).
@@ -62,6 +77,7 @@ import torch.distributed as dist
 
 from ..schedules import Op, Schedule
 from .compat import p2p_op
+from .directions import upward_group
 from .errors import StepFailedError
 from .observer import NULL_OBSERVER, ExecutionObserver
 from .program import Complete, Message, Post, Program, Unit, chunk_sizes, program_for
@@ -94,6 +110,8 @@ def run_schedule(
     every rank. NCCL has no tags (one stream orders its work).
     ``slice_bytes`` overrides :data:`SLICE_BYTES` on CPU (tests use it to get many
     slices from small tensors); CUDA tensors always run in one slice.
+    On CPU the first call on a group makes its upward group (collective over the group's
+    members, see :mod:`~ddp_ring_hooks.runtime.directions`), unless a hook state made it.
     """
     group_size = dist.get_world_size(group)
     if schedule.world_size != group_size:
@@ -152,6 +170,8 @@ class _Execution:
         # cached), so no kernel reads host memory and nothing syncs.
         self.divisor = _divisor_tensor(flat, divisor) if divisor != 1 else divisor
         self.start = _start_on_cpu if on_cpu else _start_batched
+        # Messages from a lower to a higher rank go on it (see runtime/directions.py).
+        self.upward = upward_group(group) if on_cpu else group
 
     def run(self) -> None:
         in_flight: deque[list[dist.Work]] = deque()
@@ -211,10 +231,9 @@ class _Execution:
             self.observer.on_step(step, self.schedule.plan_for(self.rank)[step], self.program.chunk_bytes)
 
     def _failure(self, error: RuntimeError, unit: Unit, position: int) -> StepFailedError:
-        """The error naming the step and the peer of the unit's ``position``-th message (sends
-        first, then receives: the order they are posted and waited for)."""
-        messages = [("send to", m) for m in unit.sends] + [("receive from", m) for m in unit.receives]
-        direction, message = messages[position]
+        """The error naming the step and the peer of the unit's ``position``-th message in
+        :func:`_posting_order` (the order they are posted and waited for)."""
+        direction, message = _posting_order(unit)[position]
         return StepFailedError(
             algorithm=self.schedule.algorithm,
             rank=self.rank,
@@ -228,22 +247,34 @@ class _Execution:
         )
 
 
+RECEIVE, SEND = "receive from", "send to"  # a message's direction, as errors name it
+
+
+def _posting_order(unit: Unit) -> list[tuple[str, Message]]:
+    """A unit's messages as they are posted, each with its direction: receives first (see the
+    module docstring), then sends."""
+    return [(RECEIVE, m) for m in unit.receives] + [(SEND, m) for m in unit.sends]
+
+
 def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
-    """Start a unit's sends and receives on gloo, one by one, in the same order on every rank.
+    """Start a unit's receives, then its sends, on gloo, one by one, in the same order on every rank.
 
     gloo starts each operation asynchronously on its own, and the batching machinery around
     them costs as much as the messages themselves (measured with 2 ranks: 216 µs instead of
     121 µs per exchange of one element), so they go straight to the process group's
     ``send``/``recv`` (what ``dist.isend``/``dist.irecv`` call after their checks, which
     ``run_schedule`` did once). Peers are ranks of the group, as the group's methods take them.
+    A message from a lower to a higher rank goes on the upward group, the others on the group
+    (:mod:`~ddp_ring_hooks.runtime.directions`): both ends of a message pick the same one.
     """
-    group, tag = execution.group, execution.tag
+    group, upward, tag, rank = execution.group, execution.upward, execution.tag, execution.rank
     works: list[dist.Work] = []
     try:
-        for m in unit.sends:
-            works.append(group.send([execution.pieces[m.piece]], m.peer, tag))
-        for m in unit.receives:
-            works.append(group.recv([execution.buffer(m)], m.peer, tag))
+        for direction, m in _posting_order(unit):
+            if direction is RECEIVE:
+                works.append((upward if m.peer < rank else group).recv([execution.buffer(m)], m.peer, tag))
+            else:
+                works.append((upward if rank < m.peer else group).send([execution.pieces[m.piece]], m.peer, tag))
     except RuntimeError as error:
         # A peer that died before this step fails the post itself, not the wait; the message
         # being posted names the peer (gloo's own text has only a socket address).
@@ -255,8 +286,11 @@ def _start_batched(execution: _Execution, unit: Unit) -> list[dist.Work]:
     """Start a unit as one ``batch_isend_irecv`` group: NCCL needs that, or a send posted
     before its peer's receive could deadlock."""
     group = execution.group
-    ops = [p2p_op(dist.isend, execution.pieces[m.piece], group=group, peer=m.peer) for m in unit.sends]
-    ops += [p2p_op(dist.irecv, execution.buffer(m), group=group, peer=m.peer) for m in unit.receives]
+    ops = [
+        p2p_op(dist.irecv, execution.buffer(m), group=group, peer=m.peer) if direction is RECEIVE
+        else p2p_op(dist.isend, execution.pieces[m.piece], group=group, peer=m.peer)
+        for direction, m in _posting_order(unit)
+    ]
     try:
         return dist.batch_isend_irecv(ops) if ops else []
     except RuntimeError as error:  # one batch: the failed message is unknown; the first stands for it

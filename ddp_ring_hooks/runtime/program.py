@@ -75,7 +75,8 @@ class Phase:
 
 @dataclass(frozen=True, slots=True)
 class Post:
-    """Start a unit's sends and receives (after dividing what it sends first)."""
+    """Divide what the unit sends first, then start its receives and its sends (the executor
+    posts receives first: see :mod:`~ddp_ring_hooks.runtime.executor`)."""
 
     unit: Unit
 

@@ -49,11 +49,12 @@ def test_hosts_without_node_of_is_the_rank_order_under_torchrun_and_refused_else
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"ring_order": "measured"}, "ring_order='measured' is not one of 'rank', 'hosts' or a list of ranks"),
+    ({"ring_order": "fastest"}, "ring_order='fastest' is not one of 'rank', 'hosts', 'measured' or a list of ranks"),
+    ({"ring_order": "measured"}, r"'measured' is chosen on the process group, by a probe of its links.*best_ring\(\)"),
     ({"ring_order": [0, 1, 1, 2]}, "names a rank twice"),
     ({"ring_order": [0, 1, 2]}, r"is not an order of the group's 4 ranks: list each of 0..3 once"),
     ({"ring_order": [0, 1, 2, 4]}, "is not an order of the group's 4 ranks"),
-    ({"ring_order": 3}, "must be 'rank', 'hosts', or a list of the group's ranks"),
+    ({"ring_order": 3}, "must be 'rank', 'hosts', 'measured', or a list of the group's ranks"),
     ({"node_of": (0, 0, 1, 1)}, "node_of is read only by ring_order='hosts'"),
     ({"ring_order": "hosts", "node_of": (0, 1)}, "node_of names the nodes of 2 ranks but the group has 4"),
     ({"ring_order": "hosts", "node_of": "ab"}, "must be one node number"),
@@ -64,8 +65,8 @@ def test_bad_orders_are_refused_with_the_fix(options, message):
 
 
 def test_bad_values_fail_when_the_state_is_built():
-    with pytest.raises(ValueError, match="ring_order='measured' is not one of"):
-        HookState(algorithm="ring", ring_order="measured")
+    with pytest.raises(ValueError, match="ring_order='fastest' is not one of"):
+        HookState(algorithm="ring", ring_order="fastest")
     assert HookState(algorithm="ring", ring_order=[1, 0]).algorithm_options["ring_order"] == (1, 0)
 
 
@@ -185,8 +186,8 @@ def test_bench_takes_the_order_as_a_flag_and_checks_it_before_starting_ranks(cap
 
     assert main(["bench", "--nproc", "2", "--algorithms", "tree", "--ring-order", "hosts"]) == 2
     assert "--ring-order is an option of none of tree" in capfd.readouterr().err
-    assert main(["bench", "--nproc", "2", "--algorithms", "ring", "--ring-order", "measured"]) == 2
-    assert "ring: ring_order='measured' is not one of 'rank', 'hosts'" in capfd.readouterr().err
+    assert main(["bench", "--nproc", "2", "--algorithms", "ring", "--ring-order", "fastest"]) == 2
+    assert "ring: ring_order='fastest' is not one of 'rank', 'hosts', 'measured'" in capfd.readouterr().err
     quick = ["-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--no-progress"]
     assert main(["bench", "--nproc", "2", "--algorithms", "ring,tree", "--ring-order", "1,0", "--segments", "2", *quick]) == 0
     rows = [line.split() for line in capfd.readouterr().out.splitlines() if line.strip() and not line.startswith("#")]
@@ -205,7 +206,7 @@ def test_explain_and_animate_take_the_order_as_flags_and_show_it(tmp_path, capsy
     assert main(["explain", "--algorithm", "ring"]) == 0
     assert "ring order" not in capsys.readouterr().out  # the rank order: no line
     assert main(["explain", "--algorithm", "ring", "--ring-order", "0,1,2"]) == 2
-    assert "(on the command line: --ring-order rank|hosts|R0,R1,...)" in capsys.readouterr().err
+    assert "(on the command line: --ring-order rank|hosts|measured|R0,R1,...)" in capsys.readouterr().err
     assert main(["explain", "--algorithm", "ring", "--node-of", "0,x"]) == 2
     assert "node_of='0,x' must be one node number" in capsys.readouterr().err
     pytest.importorskip("matplotlib")

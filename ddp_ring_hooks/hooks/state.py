@@ -42,6 +42,7 @@ from ..advisor import advise
 from ..runtime import ExecutionObserver, run_schedule, worker_for, workers_of
 from ..runtime import cuda_lane as cuda
 from ..runtime import directions
+from ..runtime.ring_orders import settle_ring_order
 from ..runtime.collectives import check_device_backend
 from ..runtime.errors import CommunicationError
 from ..runtime.names import NATIVE, check_algorithm_name, has_schedule
@@ -148,6 +149,8 @@ class HookState:
         # Checked and resolved now (defaults filled in, LOCAL_WORLD_SIZE read once, here):
         # a typo fails at construction, not at the first backward.
         self.algorithm_options = options if algorithm == AUTO else _resolved(algorithm, options)
+        if algorithm != AUTO:  # every rank meets here: "hosts", "measured" settle on one order (auto: in its probe)
+            self.algorithm_options = settle_ring_order(self.algorithm_options, self.process_group)
         self.iteration = 0
         self.check_layout_steps = check_layout_steps
         self.concurrent_buckets = concurrent_buckets
@@ -196,11 +199,12 @@ class HookState:
 
     def schedule_for(self, buffer: torch.Tensor) -> Schedule | None:
         """The (checked, cached) schedule used for this buffer; ``None`` for ``native``."""
+        nbytes = buffer.numel() * buffer.element_size()
         if self._auto is not None:
-            algorithm, options = self._auto.choose(buffer.numel() * buffer.element_size())
+            algorithm, options = self._auto.choose(nbytes)
         else:
             algorithm, options = self.algorithm, self.algorithm_options
-        return checked_schedule(algorithm, self.world_size, **options) if has_schedule(algorithm) else None
+        return checked_schedule(algorithm, self.world_size, nbytes=nbytes, **options) if has_schedule(algorithm) else None
 
     def lanes_for(self, buffer: torch.Tensor, schedule: Schedule | None = None) -> int:
         """Worker lanes the buckets go to, round robin: ``concurrent_buckets`` on CPU; one with

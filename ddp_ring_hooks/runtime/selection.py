@@ -61,6 +61,7 @@ from .compat import broadcast_from_first
 from .executor import run_schedule
 from .names import AUTO, NATIVE, has_schedule, runnable_algorithms
 from .native import run_native
+from .ring_orders import settle_ring_order
 
 __all__ = [
     "AUTO", "AUTO_OPTIONS", "NATIVE", "AutoSelector", "agreed_option_sets", "auto_option_names", "calibrate",
@@ -118,7 +119,7 @@ def _time_all_reduce(algorithm: str, options: Mapping, nbytes: int, group, devic
     """
     buffer = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
     if has_schedule(algorithm):
-        schedule = checked_schedule(algorithm, dist.get_world_size(group), **options)
+        schedule = checked_schedule(algorithm, dist.get_world_size(group), nbytes=nbytes, **options)
         call = lambda: run_schedule(schedule, buffer, group=group)  # noqa: E731
     else:
         call = lambda: run_native(buffer, group=group).wait()  # noqa: E731
@@ -220,6 +221,7 @@ class AutoSelector:
         :func:`~.collectives.device_of`)."""
         _check_auto_options(calibration=calibration, candidates=candidates, **candidate_options)
         world_size = dist.get_world_size(group)
+        candidate_options = settle_ring_order(candidate_options, group)  # one probe for every candidate
         if calibration is None:
             # The probe runs every candidate on every rank: the ranks must agree on them first.
             agreed = agreed_option_sets(group, candidate_options, device=device)

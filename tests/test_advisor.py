@@ -492,13 +492,14 @@ def test_a_hierarchical_run_is_advised_with_its_own_node_size_wherever_its_log_i
     records[0] = dataclasses.replace(records[0], algorithm="hierarchical", world_size=4, local_world_size=2)
     model = step_model(records)
     here = run_setting(model.profile)
-    assert setting_options(model.profile, here) == {"local_size": 2, "ring_order": "rank", "node_of": None}
+    # (segments: None, chosen per bucket size where the bucket is priced)
+    assert setting_options(model.profile, here) == {"local_size": 2, "segments": None, "ring_order": "rank", "node_of": None}
     assert model.predict(here).step_ms == pytest.approx(model.profile.step_ms)  # the run itself, exactly
     algorithms = {row["value"] for row in advise(records)["what_if"] if row["knob"] == "algorithm"}
     assert {"ring", "tree", "hierarchical"} <= algorithms
     # An option the setting gives wins over the run's environment.
     eight = replace(here, world_size=8, algorithm_options=(("local_size", 4),))
-    assert setting_options(model.profile, eight) == {"local_size": 4, "ring_order": "rank", "node_of": None}
+    assert setting_options(model.profile, eight) == {"local_size": 4, "segments": None, "ring_order": "rank", "node_of": None}
     assert bytes_factor("hierarchical", 8, **setting_options(model.profile, eight)) == pytest.approx(1.75)
 
 

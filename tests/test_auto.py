@@ -76,7 +76,7 @@ def test_candidate_options_are_the_registrys_and_each_reaches_the_candidates_tha
     selector = AutoSelector(LINKS, 8, segments=3, local_size=4, ring_order=[0, 2, 4, 6, 1, 3, 5, 7])
     order = {"ring_order": (0, 2, 4, 6, 1, 3, 5, 7), "node_of": None}  # to both rings, as a tuple
     assert selector.options["tree"] == selector.options["double_binary_tree"] == {"segments": 3}
-    assert selector.options["hierarchical"] == {"local_size": 4, **order} and selector.options["ring"] == order
+    assert selector.options["hierarchical"] == {"local_size": 4, "segments": 3, **order} and selector.options["ring"] == order
     assert selector.options["halving_doubling"] == {}
     with pytest.raises(ValueError, match="ring: ring_order=\\(0, 0\\) names a rank twice"):
         AutoSelector(LINKS, 8, ring_order=(0, 0))

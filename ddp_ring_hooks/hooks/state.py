@@ -42,18 +42,18 @@ from ..advisor import advise
 from ..runtime import ExecutionObserver, run_schedule, worker_for, workers_of
 from ..runtime import cuda_lane as cuda
 from ..runtime import directions
-from ..runtime.ring_orders import settle_ring_order
+from ..runtime.ring_orders import known_nodes, settle_ring_order
 from ..runtime.collectives import check_device_backend
 from ..runtime.errors import CommunicationError
 from ..runtime.names import NATIVE, check_algorithm_name, has_schedule
 from ..runtime.native import run_native
 from ..runtime.selection import AUTO, AutoSelector, auto_option_names
-from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options
+from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options, ring_order_of
 from ..telemetry import TELEMETRY_OPTIONS, Telemetry, TelemetryOptions
 from ..telemetry.observation import Observation
 from ..telemetry.watcher import BucketWatch
 from . import checkpoint
-from .advice import advice_table
+from .advice import advice_table, ring_order_line
 from .errors import HookFailedError
 from .layout_check import BucketLayout, check_bucket_layout
 from .validation import validate_bucket, validate_group
@@ -345,8 +345,21 @@ class HookState:
 
     def summary(self) -> str:
         """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw),
-        and a line naming the rank that kept the others waiting (with ``spread_every``)."""
-        return self.telemetry.summary()
+        a line naming the rank that kept the others waiting (with ``spread_every``), and one
+        on what the ring's order costs when it crosses the nodes more than it must."""
+        line = ring_order_line(self)
+        return self.telemetry.summary() + (f"\n{line}" if line else "")
+
+    @property
+    def nodes(self) -> tuple[int, ...] | None:
+        """The node of each rank of the group, as its ranks said when the state was built
+        (``GROUP_RANK``); ``None`` when they did not say."""
+        return known_nodes(self.process_group) if dist.is_available() and dist.is_initialized() else None
+
+    @property
+    def ring(self) -> tuple[int, ...] | None:
+        """The order the ring visits the ranks (``None``: the algorithm has no ring order)."""
+        return None if self.algorithm == AUTO else ring_order_of(self.algorithm_options, self.world_size)
 
     def advise(self, **options) -> dict:
         """What to change (bucket size, accumulation, algorithm, world size), predicted from this

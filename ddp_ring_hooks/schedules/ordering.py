@@ -151,6 +151,17 @@ def settled(
     return dict(options)
 
 
+def ring_order_of(options: Mapping[str, object], world_size: int) -> tuple[int, ...] | None:
+    """The permutation resolved ``options`` make the ring visit (``None``: the options have no
+    ring order, or one not yet settled on the group)."""
+    if "ring_order" not in options:
+        return None
+    try:
+        return ring_positions(world_size, options["ring_order"], options.get("node_of"))
+    except ValueError:
+        return None
+
+
 def ordered_options(ring_order: object, node_of: Sequence[int] | None, order: tuple[int, ...]) -> tuple[tuple[str, object], ...]:
     """What the schedule records: the permutation itself, unless the caller kept the rank order."""
     if ring_order == RANK:

@@ -12,10 +12,12 @@ import functools
 
 from .check import ScheduleError, check_all_reduce
 from .double_binary_tree import build_double_binary_tree_schedule, double_binary_tree_cost
+from .double_binary_tree import segments_for as double_binary_tree_segments_for
 from .halving_doubling import build_halving_doubling_schedule, halving_doubling_cost
 from .hierarchical import (
-    build_hierarchical_schedule, hierarchical_cost, hierarchical_shared_uplink_cost, hierarchical_uplink_cost, segments_for,
+    build_hierarchical_schedule, hierarchical_cost, hierarchical_shared_uplink_cost, hierarchical_uplink_cost,
 )
+from .hierarchical import segments_for as hierarchical_segments_for
 from .ir import Op, RankStep, Receive, Schedule, Send, Step, Transfer
 from .naive import build_naive_schedule, naive_cost
 from .ordering import (
@@ -80,8 +82,8 @@ register_algorithm(Algorithm(
 register_algorithm(Algorithm(
     "double_binary_tree", "NCCL's two binary trees, each reducing and broadcasting half the buffer, pipelined",
     build=build_double_binary_tree_schedule, cost=double_binary_tree_cost, layout="trees",
-    options=(Option("segments", 1, "pipeline each tree's half in K segments", check=_positive_int, label="{} segments",
-                    metavar="K"),),
+    options=(Option("segments", None, "pipeline each tree's half in K segments", check=_positive_int_or_by_size,
+                    label="{} segments", metavar="K", per_size=double_binary_tree_segments_for),),
     examples=lambda p: ({"segments": 1}, {"segments": 3}),
 ))
 register_algorithm(Algorithm(
@@ -94,7 +96,7 @@ register_algorithm(Algorithm(
     options=(Option("local_size", None, "ranks per node; must divide the world size", check=_ranks_per_node,
                     environment="LOCAL_WORLD_SIZE", label="{}/node", metavar="G"),
              Option("segments", None, "pipeline the buffer in K segments", check=_positive_int_or_by_size,
-                    label="{} segments", metavar="K", per_size=segments_for),
+                    label="{} segments", metavar="K", per_size=hierarchical_segments_for),
              *RING_ORDER),
     # Only a true hierarchy (several nodes of several ranks) differs from a ring.
     applies=lambda p, options: options["local_size"] in _proper_divisors(p),

@@ -43,7 +43,10 @@ def test_closed_forms_equal_the_step_by_step_cost_of_the_schedules(world_size):
             local = {"local_alpha": rng.uniform(1e-7, 1e-6), "local_beta": params["beta"] / (8 * nodes) * rng.random()}
         # The size the prediction is for: options chosen by size (hierarchical's segments) alike.
         schedule = build_schedule(algorithm, world_size, nbytes=int(N), **options)
-        simulated = simulate(schedule, N, **params, **local, placement=schedule_nodes(schedule))
+        # The double binary tree is priced per NIC (a rank's links share it), the others per link.
+        per_nic = {"placement": tuple(range(world_size)), "shared_uplinks": True}
+        where = per_nic if algorithm == "double_binary_tree" else {"placement": schedule_nodes(schedule)}
+        simulated = simulate(schedule, N, **params, **local, **where)
         assert predict(algorithm, N, world_size, **params, **local, **options) == pytest.approx(simulated, rel=1e-12), (
             algorithm, options,
         )

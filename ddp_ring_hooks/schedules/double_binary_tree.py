@@ -47,8 +47,8 @@ of the buffer (Sanders, Speck and Träff 2009; NCCL 2.4)::
 
 Each chunk is summed along one tree and then only copied: bit-identical on every rank.
 
-Cost, counting each link on its own as :mod:`~ddp_ring_hooks.cost_model` does: every step moves
-one ``n/2k`` segment per link, so with ``L = ⌈lg p⌉``::
+Cost: every step moves one ``n/2k`` segment per link, so with ``L = ⌈lg p⌉``, counting each
+link on its own::
 
     (U + k - 1 + L + k - 1)(α + nβ/2k) + (U + k - 1)·nγ/2k       U = 2L - 2 (+1 for p = 2^L)
 
@@ -60,11 +60,16 @@ two halves and sends one in the reduce, the leaf of the other sends one, so each
 receives at most ``n`` per phase, ``2n`` in all, and once ``k`` is large enough to fill the
 pipeline the time tends to ``2nβ``: ``p/(p-1)`` times the ring's ``2(p-1)/p·nβ``, the lower bound.
 The binomial tree's root moves ``⌈lg p⌉·n`` each way instead. Per link the formula above drops
-to ``nβ`` for large ``k``: that is the model's independent links, not a real NIC; compare trees
-and rings with the per-NIC count, or measure (``ddp-ring-hooks bench``).
+to ``nβ`` for large ``k``: that is the model's independent links, not a real NIC. So the
+registry's cost (:func:`double_binary_tree_cost`, what ``predict``, ``model``, ``auto`` and the
+advisor price) counts the β term per NIC, from the schedule; its α and γ terms are the per-link
+ones above (one segment per link and step).
 """
 
 from __future__ import annotations
+
+import functools
+from collections import Counter
 
 from .ir import Op, Schedule, Step, Transfer
 from .registry import CostTerms
@@ -185,9 +190,14 @@ def _span(edges: list[list[tuple[int, int | None, int]]], segments: int) -> int:
 
 
 def double_binary_tree_cost(world_size: int, *, segments: int | None = None) -> CostTerms:
-    """``(U + L + 2k - 2)(α + nβ/2k) + (U + k - 1)·nγ/2k`` with ``L = ⌈lg p⌉`` and
-    ``U = 2L - 2``, plus one when ``p`` is a power of two: the reduce takes ``U + k - 1`` steps,
-    the broadcast ``L + k - 1``, each moving one segment of ``n/2k`` per link."""
+    """``(U + L + 2k - 2)·α + c·nβ + (U + k - 1)·nγ/2k`` with ``L = ⌈lg p⌉``, ``U = 2L - 2`` (plus
+    one when ``p`` is a power of two): the reduce takes ``U + k - 1`` steps, the broadcast
+    ``L + k - 1``, each moving one segment of ``n/2k`` per link; and, counted per NIC (a rank's
+    links share its network: ``c`` is, over the steps, the most segments one rank sends or
+    receives in each, over ``2k``), ``c → 2`` as ``k`` grows (1 segment a step while the
+    pipeline fills, 2 once both trees stream through a rank). Per NIC, not per link, because
+    the trees' whole point is to keep every rank's links busy at once: counted per link, deep
+    pipelines would look twice as fast as they run (and ``auto`` would pick them over the ring)."""
     if world_size == 1:
         return CostTerms()
     k = 1 if segments is None else segments
@@ -195,4 +205,15 @@ def double_binary_tree_cost(world_size: int, *, segments: int | None = None) -> 
     up = 2 * levels - 2 + (world_size & (world_size - 1) == 0)
     reduce_steps, broadcast_steps = up + k - 1, levels + k - 1
     steps = reduce_steps + broadcast_steps
-    return CostTerms(messages=steps, bytes=steps / (2 * k), reduced=reduce_steps / (2 * k))
+    return CostTerms(messages=steps, bytes=_busiest_nic_segments(world_size, k) / (2 * k), reduced=reduce_steps / (2 * k))
+
+
+@functools.lru_cache(maxsize=64)
+def _busiest_nic_segments(world_size: int, segments: int) -> int:
+    """Over the steps, the most segments one rank sends or receives in each (counted on the schedule)."""
+    total = 0
+    for step in build_double_binary_tree_schedule(world_size, segments=segments).steps:
+        sent = Counter(t.src for t in step.transfers)
+        received = Counter(t.dst for t in step.transfers)
+        total += max(max(sent.values()), max(received.values()))
+    return total

@@ -235,3 +235,24 @@ def test_model_commentary_is_true_for_the_size_asked(capsys):
     assert f"ring grows {growth:.3g}x from p=4 to p=64 at this size" in out, out
     assert main(["model", "--size", "1GB", "--world-sizes", "4,8,64"]) == 0
     assert "ring barely grows with p" in capsys.readouterr().out
+
+
+def test_model_cli_prices_every_row_on_two_tiers_with_placement(capsys):
+    from ddp_ring_hooks.cost_model import TwoTier
+
+    lab = ["--bandwidth", "400Mb/s", "--latency", "200us", "--local-bandwidth", "1GB/s", "--local-latency", "50us"]
+    assert main(["model", "--size", "16M", "--world-sizes", "4,6", "--placement", "2", "--local-size", "2", *lab]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:9] if line.strip()}
+    network = TwoTier(alpha=200e-6, beta=8 / 400e6, local_alpha=50e-6, local_beta=1e-9, ranks_per_node=2)
+    for algorithm, options in (("ring", {}), ("tree", {}), ("hierarchical", {"local_size": 2})):
+        cells = [format_seconds(network.predict(algorithm, 16 << 20, p, **options)) for p in (4, 6)]
+        assert " ".join(rows[algorithm][-4:]) == " ".join(cells), (algorithm, rows[algorithm])
+    assert "per node's uplink, shared by its ranks (nodes of 2 ranks)" in out and "two tiers:" in out
+    # The misplaced ring: twice the bytes through the busiest uplink; ring_order hosts undoes it.
+    assert main(["model", "--size", "16M", "--world-sizes", "4", "--placement", "0,1,0,1", "--algorithms", "ring", *lab]) == 0
+    crossing = capsys.readouterr().out.splitlines()[2].split()[-2:]
+    assert main(["model", "--size", "16M", "--world-sizes", "4", "--placement", "0,1,0,1", "--algorithms", "ring",
+                 "--ring-order", "hosts", "--node-of", "0,1,0,1", *lab]) == 0
+    fixed = capsys.readouterr().out.splitlines()[2].split()[-2:]
+    assert crossing == ["1.01", "s"] and fixed == ["505", "ms"]

@@ -8,6 +8,7 @@ fail the layout check with a message naming the option, and the group must stay 
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 import torch
@@ -15,7 +16,11 @@ import torch.distributed as dist
 
 import ddp_ring_hooks
 from ddp_ring_hooks import HookState
-from ddp_ring_hooks.schedules import build_schedule, checked_schedule, resolve_options, schedule_nodes
+from ddp_ring_hooks.links import best_ring
+from ddp_ring_hooks.schedules import (
+    NEEDS_LINKS, NEEDS_NODES, RingCrossings, build_schedule, checked_schedule, group_needs, resolve_options,
+    ring_crossings, schedule_nodes, settled,
+)
 from ddp_ring_hooks.viz.layout import choose_layout
 from tests._dist import run_ranks
 from tests.conftest import Net, digest, rank_input, sgd_steps, within_summation_bound
@@ -102,6 +107,50 @@ def test_the_drawings_follow_the_order():
 def test_options_resolve_to_hashable_values_for_the_schedule_cache():
     assert resolve_options("ring", {"ring_order": [2, 1, 0]})["ring_order"] == (2, 1, 0)
     assert checked_schedule("ring", 3, ring_order=[2, 1, 0]) is checked_schedule("ring", 3, ring_order=(2, 1, 0))
+
+
+def bandwidths(placement, *, inside=1e9, between=5e7, noise=0.05, seed=0):
+    """A probe's matrix: fast inside a node, slow between, each link off by up to ``noise``."""
+    rng = random.Random(seed)
+    p = len(placement)
+    return [[None if s == d else (inside if placement[s] == placement[d] else between) * (1 + rng.uniform(-noise, noise))
+             for d in range(p)] for s in range(p)]
+
+
+@pytest.mark.parametrize("placement", [
+    (0, 1, 0, 1), (0, 1, 0, 1, 0, 1), (0, 1, 2) * 3,  # exhaustive (p <= 9)
+    tuple(r % 3 for r in range(12)), tuple(r % 4 for r in range(16)), (0, 1) * 10,  # greedy + 2-opt
+])
+def test_the_measured_order_crosses_between_nodes_once_per_node(placement):
+    order = best_ring(bandwidths(placement))
+    assert sorted(order) == list(range(len(placement)))
+    nodes = len(set(placement))
+    assert ring_crossings(order, placement) == RingCrossings(total=nodes, busiest=1), order
+    # Rotated to start after a slow hop: consecutive places are whole nodes (what hierarchical reads).
+    size = len(placement) // nodes
+    assert all(len({placement[r] for r in order[i:i + size]}) == 1 for i in range(0, len(order), size)), order
+
+
+def test_the_measured_order_avoids_a_slow_link_and_takes_what_it_must_of_a_slow_nic():
+    flat = [[None if s == d else 5e7 for d in range(5)] for s in range(5)]
+    flat[1][2] = flat[2][1] = 1e7  # one slow cable
+    order = best_ring(flat)
+    assert {(order[i], order[(i + 1) % 5]) for i in range(5)}.isdisjoint({(1, 2), (2, 1)})
+    slow_nic = [[None if s == d else (1e7 if 3 in (s, d) else 5e7) for d in range(4)] for s in range(4)]
+    assert sorted(best_ring(slow_nic)) == [0, 1, 2, 3]  # every ring has two of rank 3's links: any will do
+    with pytest.raises(ValueError, match=r"no bandwidth measured for 2 link\(s\), e.g. 0->1"):
+        best_ring([[None, None, 1.0], [None, None, 1.0], [1.0, 1.0, None]])
+
+
+def test_the_group_settles_hosts_and_measured_and_nothing_else():
+    assert group_needs({"ring_order": "measured"}) == NEEDS_LINKS
+    assert group_needs({"ring_order": "hosts", "node_of": None}) == NEEDS_NODES
+    assert group_needs({"ring_order": "hosts", "node_of": (0, 1)}) is None
+    assert group_needs({"ring_order": (1, 0)}) is None and group_needs({"segments": 2}) is None
+    assert settled({"ring_order": "measured", "node_of": None}, measured=(0, 2, 1, 3)) == {
+        "ring_order": (0, 2, 1, 3), "node_of": None}
+    assert settled({"ring_order": "hosts"}, nodes=(0, 1, 0, 1)) == {"ring_order": "hosts", "node_of": (0, 1, 0, 1)}
+    assert settled({"ring_order": "hosts"}, nodes=None) == {"ring_order": "hosts"}  # unknown: building names the fix
 
 
 WORLD = 3

@@ -282,8 +282,14 @@ def test_two_tier_misplaced_ranks_measured_ring_order_groups_the_nodes_and_the_s
     order = reports[0]["hierarchical measured"]["ring"]
     assert {placement[order[0]], placement[order[1]]} == {placement[order[0]]} != {placement[order[2]]}
     assert reports[0]["ring rank"]["ring"] == [0, 1, 2, 3]
-    assert all(report["summary line"] == "ring order: the ring crosses the node boundary 4 times; "
+    assert all(report["ring rank summary line"] == "ring order: the ring crosses the node boundary 4 times; "
                "ring_order='hosts' would cross it 2 times: up to 2x faster" for report in reports)
+    # hierarchical in rank order (LOCAL_WORLD_SIZE=2: "nodes" 0,1 and 2,3) is warned of when built, and summarized.
+    said = ("hierarchical's nodes are not the ranks' nodes: it groups ranks 0,1 | 2,3, the ranks say 0,2 | 1,3; "
+            "its rings inside a node cross between nodes: ring_order='hosts' makes its nodes the real ones")
+    assert all(report["hierarchical rank warnings"] == [said] for report in reports)
+    assert all(report["hierarchical rank summary line"] == f"ring order: {said}" for report in reports)
+    assert all(report["ring measured warnings"] == [] for report in reports)
 
 
 @pytest.mark.timeout(120)

@@ -17,7 +17,7 @@ process groups, so it runs offline and in unit tests without ranks::
 
 from .advice import advise, format_advice, step_model, what_if
 from .network import Network, from_bench, from_latency_bandwidth, from_run, from_two_tier
-from .ring_order import RingOrderNote, ring_order_note
+from .ring_order import RingOrderNote, hierarchy_note, ring_order_note
 from .profile import RunProfile, profile_run
 from .step_model import Prediction, Setting, StepModel, run_setting
 from .sweep import accumulation_speedups, format_predicted_vs_measured
@@ -25,5 +25,5 @@ from .sweep import accumulation_speedups, format_predicted_vs_measured
 __all__ = [
     "Network", "Prediction", "RingOrderNote", "RunProfile", "Setting", "StepModel", "accumulation_speedups", "advise",
     "format_advice", "format_predicted_vs_measured", "from_bench", "from_latency_bandwidth", "from_run",
-    "from_two_tier", "profile_run", "ring_order_note", "run_setting", "step_model", "what_if",
+    "from_two_tier", "hierarchy_note", "profile_run", "ring_order_note", "run_setting", "step_model", "what_if",
 ]

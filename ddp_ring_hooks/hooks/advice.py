@@ -9,8 +9,9 @@ the summary ends with when the ring's order costs time (:func:`ring_order_line`)
 
 from __future__ import annotations
 
-from ..advisor import advise, format_advice, ring_order_note, step_model
+from ..advisor import advise, format_advice, hierarchy_note, ring_order_note, step_model
 from ..advisor.advice import ring_order_of_run
+from ..schedules import checked_schedule, schedule_nodes
 
 
 def advice_table(records: list) -> str:
@@ -30,7 +31,11 @@ def advice_text(state) -> str:
 def ring_order_line(state) -> str | None:
     """``ring order: the ring crosses the node boundary 4 times; ...`` for a ring whose ranks'
     nodes are known and which crosses them more than it must (priced with the run's own buckets
-    when its timeline has steps, else by the bytes alone); ``None`` otherwise."""
+    when its timeline has steps, else by the bytes alone), or the hierarchy's note when its nodes
+    are not the ranks' (:func:`placement_warning`); ``None`` otherwise."""
+    hierarchy = placement_warning(state)
+    if hierarchy is not None:
+        return f"ring order: {hierarchy}"
     if state.algorithm != "ring":
         return None
     try:
@@ -38,3 +43,12 @@ def ring_order_line(state) -> str | None:
     except ValueError:  # no timeline steps yet (a state attached by hand, or too short a run)
         note = ring_order_note(order=state.ring, nodes=state.nodes)
     return None if note is None else f"ring order: {note.line()}"
+
+
+def placement_warning(state) -> str | None:
+    """For ``hierarchical``, when the nodes its schedule groups are not the ranks' nodes (as
+    the ranks said: ``GROUP_RANK``): what the hook state warns of when it is built."""
+    if state.algorithm != "hierarchical" or state.nodes is None:
+        return None
+    schedule = checked_schedule(state.algorithm, state.world_size, **state.algorithm_options)
+    return hierarchy_note(schedule_nodes=schedule_nodes(schedule), nodes=state.nodes)

@@ -33,6 +33,7 @@ reducer does, so it matches DDP without a hook bit for bit.
 from __future__ import annotations
 
 import difflib
+import warnings
 from collections.abc import Mapping
 
 import torch
@@ -53,7 +54,7 @@ from ..telemetry import TELEMETRY_OPTIONS, Telemetry, TelemetryOptions
 from ..telemetry.observation import Observation
 from ..telemetry.watcher import BucketWatch
 from . import checkpoint
-from .advice import advice_table, ring_order_line
+from .advice import advice_table, placement_warning, ring_order_line
 from .errors import HookFailedError
 from .layout_check import BucketLayout, check_bucket_layout
 from .validation import validate_bucket, validate_group
@@ -151,6 +152,9 @@ class HookState:
         self.algorithm_options = options if algorithm == AUTO else _resolved(algorithm, options)
         if algorithm != AUTO:  # every rank meets here: "hosts", "measured" settle on one order (auto: in its probe)
             self.algorithm_options = settle_ring_order(self.algorithm_options, self.process_group)
+            misplaced = placement_warning(self)
+            if misplaced:
+                warnings.warn(misplaced, stacklevel=2)
         self.iteration = 0
         self.check_layout_steps = check_layout_steps
         self.concurrent_buckets = concurrent_buckets

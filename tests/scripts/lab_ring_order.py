@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from ddp_ring_hooks import HookState  # noqa: E402
 from tests.conftest import digest, rank_input, within_summation_bound  # noqa: E402
 
 CASES = {
+    "hierarchical rank": {"algorithm": "hierarchical"},
     "ring measured": {"algorithm": "ring", "ring_order": "measured"},
     "hierarchical measured": {"algorithm": "hierarchical", "ring_order": "measured"},
     "ring hosts": {"algorithm": "ring", "ring_order": "hosts"},
@@ -38,15 +40,18 @@ def main() -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     report: dict[str, object] = {"rank": rank}
     for name, options in CASES.items():
-        state = HookState(**options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            state = HookState(**options)
+        report[f"{name} warnings"] = [str(w.message) for w in caught]
         inputs = [rank_input(r, 1009, torch.float32) for r in range(world_size)]
         result = ddp_ring_hooks.all_reduce(inputs[rank].clone(), algorithm=state.algorithm, **state.algorithm_options)
         report[name] = {
             "ring": state.ring, "nodes": state.nodes, "digest": digest(result),
             "excess": within_summation_bound(result, inputs, torch.float32, world_size),
         }
-        if name == "ring rank":
-            report["summary line"] = state.summary().splitlines()[-1]
+        if name in ("ring rank", "hierarchical rank"):
+            report[f"{name} summary line"] = state.summary().splitlines()[-1]
         state.close()
     print(json.dumps(report), flush=True)
     dist.destroy_process_group()

@@ -537,7 +537,7 @@ def test_a_ring_across_misplaced_nodes_is_named_with_the_order_that_fixes_it_and
     records = timeline(ready=[2.0, 20.0])
     misplaced = dataclasses.replace(records[0], world_size=4, nodes=(0, 1, 0, 1), ring=(0, 1, 2, 3))
     advice = advise([misplaced, *records[1:]])
-    note = advice["ring_order"]
+    note = advice["rank_order"]
     assert (note["crossings"], note["fewest"], note["busiest"], note["calibrated"]) == (4, 2, 2, True)
     # 2(p-1)α + 2(p-1)/p·nβ against the same with half the bytes through the busiest uplink:
     fitted = step_model([misplaced, *records[1:]]).run_network.calibration("ring")
@@ -549,7 +549,7 @@ def test_a_ring_across_misplaced_nodes_is_named_with_the_order_that_fixes_it_and
     # Placed node by node, nodes unknown, or one node: nothing to say.
     for run in (dataclasses.replace(misplaced, nodes=(0, 0, 1, 1)), dataclasses.replace(misplaced, nodes=None),
                 dataclasses.replace(misplaced, nodes=(0, 0, 0, 0))):
-        assert advise([run, *records[1:]])["ring_order"] is None
+        assert advise([run, *records[1:]])["rank_order"] is None
     # Old timelines (no nodes, no ring) still read, and say nothing.
     old = {k: v for k, v in json.loads(misplaced.to_json()).items() if k not in ("nodes", "ring")}
     assert TimelineRun.from_json(old).nodes is None

@@ -4,7 +4,7 @@
 
     {"run": {"world_size", "algorithm", "accumulate", "bucket_cap_mb", "steps", "step_ms",
              "compute_ms", "comm_ms", "exposed_ms"},
-     "ring_order": {"crossings", "fewest", "busiest", "speedup", "calibrated", "line"} or None,
+     "rank_order": {"crossings", "fewest", "busiest", "speedup", "calibrated", "line"} or None,   # what the order costs
      "what_if": [{"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup", "this_run"}, ...],
      "recommendation": {"knob", "value", "speedup", "why"},
      "model": {...}}       # how the numbers were made: network, contention, notes
@@ -166,7 +166,7 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
     ]
     ring = ring_order_of_run(model)
     return {
-        "ring_order": None if ring is None else ring.as_dict(),
+        "rank_order": None if ring is None else ring.as_dict(),
         "run": {
             "world_size": p.world_size, "algorithm": p.algorithm, "accumulate": p.accumulate,
             "bucket_cap_mb": p.bucket_cap_mb, "steps": p.steps, "step_ms": p.step_ms,
@@ -219,8 +219,8 @@ def format_advice(advice: dict) -> str:
             lines.append(f"  ({size} is bucket_cap_mb={size} given explicitly, not this run: an explicit cap also "
                          f"makes the first bucket {size} MB, where DDP's default starts with a 1 MiB one)")
         lines.append("")
-    if advice.get("ring_order"):
-        lines.append(f"ring order: {advice['ring_order']['line']}")
+    if advice.get("rank_order"):
+        lines.append(f"ring order: {advice['rank_order']['line']}")
     rec = advice["recommendation"]
     if rec["knob"] is None:
         lines.append(f"recommendation: keep the setting; {rec['why']}")

@@ -118,8 +118,8 @@ def _meet(group: dist.ProcessGroup, *, wants_links: bool) -> None:
 
 def _measure(group: dist.ProcessGroup) -> tuple[int, ...]:
     """The probe (collective) and its order, kept for the group."""
-    if dist.get_world_size(group) == 1:
-        order: tuple[int, ...] = (0,)
+    if dist.get_world_size(group) <= 3:  # one ring, up to its direction: nothing to measure
+        order: tuple[int, ...] = tuple(range(dist.get_world_size(group)))
     else:
         matrix = measure_links(
             message_bytes=PROBE_BYTES, repeats=PROBE_REPEATS, group=control_group(group), one_pair_at_a_time=True,

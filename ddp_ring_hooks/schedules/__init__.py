@@ -26,7 +26,7 @@ from .ordering import (
 )
 from .registry import (
     Algorithm, CostTerms, Option, algorithm_examples, algorithm_names, check_given_options, formula_for, get_algorithm,
-    options_by_name, options_for, register_algorithm, resolve_options,
+    options_by_name, options_for, register_algorithm, resolve_options, sized_options,
 )
 from .replay import final_state, replay
 from .ring import build_ring_schedule, ring_cost, ring_shared_uplink_cost, ring_uplink_cost
@@ -143,7 +143,7 @@ def checked_schedule(algorithm: str, world_size: int, *, nbytes: int = 0, **opti
     (a list option, such as a ring order, is taken as the tuple it equals). ``nbytes``: the
     buffer's size, for the options chosen by size; schedules are cached by the value chosen,
     not by the size."""
-    sized = resolve_options(algorithm, options, nbytes=nbytes)
+    sized = sized_options(algorithm, options, nbytes)
     frozen = {name: tuple(value) if isinstance(value, list) else value for name, value in sized.items()}
     return _checked_schedule(algorithm, world_size, **frozen)
 
@@ -166,5 +166,5 @@ __all__ = [
     "algorithm_examples", "algorithm_names", "check_given_options", "checked_schedule", "final_state", "formula_for",
     "NEEDS_LINKS", "NEEDS_NODES", "get_algorithm", "group_needs", "hierarchical_uplink_cost", "options_by_name", "options_for", "register_algorithm", "replay",
     "resolve_options", "ring_crossings", "ring_order_of", "ring_uplink_cost",
-    "schedule_nodes", "schedule_order", "settled",
+    "schedule_nodes", "schedule_order", "settled", "sized_options",
 ]

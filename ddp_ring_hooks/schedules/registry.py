@@ -189,12 +189,23 @@ def resolve_options(
         if value is None:
             value = option.default
         if value is None and option.per_size is not None and nbytes is not None:
-            value = option.per_size(nbytes)
+            value = option.per_size(nbytes)  # as sized_options does
         if isinstance(value, list):  # a ring order given as a list: kept as the tuple it equals
             value = tuple(value)
         _check_value(algorithm, option, value)
         resolved[option.name] = value
     return resolved
+
+
+def sized_options(name: str, options: Mapping[str, object], nbytes: int) -> dict:
+    """``options`` with each option chosen by size (``Option.per_size``) that they leave out or
+    set to ``None`` given its value for an ``nbytes`` buffer; the rest as they are (a cheap
+    step for every bucket: :func:`resolve_options` does the checking)."""
+    sized = dict(options)
+    for option in get_algorithm(name).options:
+        if option.per_size is not None and option.default is None and sized.get(option.name) is None:
+            sized[option.name] = option.per_size(nbytes)
+    return sized
 
 
 def options_by_name() -> dict[str, tuple[Option, tuple[str, ...]]]:

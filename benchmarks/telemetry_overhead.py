@@ -5,11 +5,15 @@ Two identical DDP models run the same ring hook; the only difference is
 alternate between them (off, on, on, off, off, on, ...) so drifting machine load hits both
 arms alike; each pair of blocks gives one ratio, and the script prints the median ratio
 (target: <= 1.02; with ``--spread-every N``, which also gathers every rank's arrival every
-N-th step, <= 1.03). A block's time includes flushing the telemetry written during it, so the
-writer thread's work is charged to the telemetry arm, not hidden in the next block::
+N-th step, <= 1.03). With ``--links`` both arms log and gather with ``--spread-every N`` and
+the "on" arm also times every link (``links=True``): the ratio is per-link timing's own cost
+on top of the straggler gather (target: <= 1.01). A block's time includes flushing the
+telemetry written during it, so the writer thread's work is charged to the telemetry arm,
+not hidden in the next block::
 
     python benchmarks/telemetry_overhead.py --rounds 60 --steps 4        # spawns 2 local gloo ranks
     python benchmarks/telemetry_overhead.py --rounds 60 --steps 4 --spread-every 1
+    python benchmarks/telemetry_overhead.py --rounds 60 --steps 4 --spread-every 1 --links --nproc 4
     torchrun --nproc_per_node=2 benchmarks/telemetry_overhead.py --rounds 60 --steps 4
 
 A block starts after a barrier; its time is the slowest rank's.
@@ -27,10 +31,13 @@ import torch.distributed as dist
 
 import ddp_ring_hooks
 from ddp_ring_hooks.launch import run_on_ranks, under_torchrun
+from ddp_ring_hooks.runtime import worker_for
+from ddp_ring_hooks.telemetry.exchange import EXCHANGE_LANE
 from mlp_steps import build_mlp_ddp, time_steps
 
 TARGET = 1.02
 SPREAD_TARGET = 1.03
+LINKS_TARGET = 1.01
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,7 +53,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--bucket-cap-mb", type=float, default=4.0, help="DDP bucket size in MiB (default: 4)")
     parser.add_argument("--spread-every", type=int, default=0,
                         help="the telemetry arm also gathers every rank's arrival every N-th step (default: 0, off)")
-    return parser.parse_args(argv)
+    parser.add_argument("--links", action="store_true",
+                        help="compare per-link timing (links=True) against telemetry with the same --spread-every")
+    args = parser.parse_args(argv)
+    if args.links and args.spread_every < 1:
+        parser.error("--links times links on the gathered steps: give --spread-every N too")
+    return args
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -62,18 +74,18 @@ def measure(args: argparse.Namespace) -> dict:
         arms = {}
         for telemetry in (False, True):
             model = build_mlp_ddp(layers=args.layers, width=args.width, bucket_cap_mb=args.bucket_cap_mb)
-            options = {"log_dir": log_dir, "log_every": 1, "spread_every": args.spread_every}
-            state = ddp_ring_hooks.register(model, **(options if telemetry else {}))
+            state = ddp_ring_hooks.register(model, **arm_options(args, log_dir, on=telemetry))
             arms[telemetry] = (model, torch.optim.SGD(model.parameters(), lr=1e-3), state)
         inputs = torch.randn(args.batch, args.width)
         for telemetry, (model, optimizer, state) in arms.items():
-            time_steps(model, optimizer, inputs, args.warmup, before_stop=state.telemetry.flush)
+            time_steps(model, optimizer, inputs, args.warmup, before_stop=block_end(args, state))
         for round_index in rounds:
             order = (False, True) if round_index % 2 == 0 else (True, False)
             wall, cpu = {}, {}
             for telemetry in order:
                 model, optimizer, state = arms[telemetry]
-                wall[telemetry], cpu[telemetry] = time_steps(model, optimizer, inputs, args.steps, before_stop=state.telemetry.flush)
+                wall[telemetry], cpu[telemetry] = time_steps(model, optimizer, inputs, args.steps,
+                                                             before_stop=block_end(args, state))
             off_ms.append(wall[False])
             on_ms.append(wall[True])
             ratios.append(wall[True] / wall[False])
@@ -89,11 +101,33 @@ def measure(args: argparse.Namespace) -> dict:
     }
 
 
+def arm_options(args: argparse.Namespace, log_dir: str, *, on: bool) -> dict:
+    """The registration options of the "off" and "on" arms."""
+    telemetry = {"log_dir": log_dir, "log_every": 1, "spread_every": args.spread_every}
+    if args.links:  # both arms log and gather; only "on" times links
+        return {**telemetry, "links": on}
+    return telemetry if on else {}
+
+
+def block_end(args: argparse.Namespace, state):
+    """What a block waits for before its clock stops: its telemetry written; with ``--links``
+    also the exchanges after its steps (both arms exchange: each pays for its own)."""
+    if not args.links:
+        return state.telemetry.flush
+
+    def flush_and_exchange() -> None:
+        worker_for(state.group, EXCHANGE_LANE).submit(lambda: None).wait()
+        state.telemetry.flush()
+
+    return flush_and_exchange
+
+
 def report(result: dict, args: argparse.Namespace) -> None:
     median = statistics.median
     print(
         f"world size {result['world_size']}, {args.layers}x{args.width} MLP, batch {args.batch}, "
         f"{args.rounds} rounds x {args.steps} steps per block, spread_every={args.spread_every}"
+        + (" (off: telemetry and the gather; on: also links=True)" if args.links else "")
     )
     print(result["summary"])
     print(f"step time off: median {median(result['off_ms']):.2f} ms; on: median {median(result['on_ms']):.2f} ms")
@@ -103,7 +137,7 @@ def report(result: dict, args: argparse.Namespace) -> None:
         f"on: median {median(result['on_cpu']):.2f} ms; median ratio {median(result['cpu_ratios']):.3f}"
     )
     ratio = median(result["ratios"])
-    target = SPREAD_TARGET if args.spread_every else TARGET
+    target = LINKS_TARGET if args.links else SPREAD_TARGET if args.spread_every else TARGET
     print(f"median step-time ratio on/off: {ratio:.3f} ({'meets' if ratio <= target else 'misses'} the <= {target} target)")
 
 

@@ -133,10 +133,10 @@ def test_the_two_directions_of_a_pair_travel_on_two_transports(reports, algorith
 def _upward_timeout(rank: int, world_size: int) -> float:
     from datetime import timedelta
 
-    from ddp_ring_hooks.runtime.directions import upward_group
+    from ddp_ring_hooks.runtime.directions import upward_transport
 
     group = dist.new_group([0, 1], timeout=timedelta(seconds=7))
-    return upward_group(group).options._timeout.total_seconds()
+    return upward_transport(group).options._timeout.total_seconds()
 
 
 @pytest.mark.timeout(90)

@@ -4,12 +4,15 @@ Launch (CPU/gloo by default, NCCL when every rank has a GPU)::
 
     torchrun --standalone --nproc_per_node=2 train_examples/ddp_ring.py
     torchrun --standalone --nproc_per_node=4 train_examples/ddp_ring.py --algorithm ring --steps 50
+    torchrun --standalone --nproc_per_node=4 train_examples/ddp_ring.py --spread-every 1 --links
 
 Each rank trains a small MLP on its own synthetic regression data; DDP averages gradients
 through ``ddp_ring_hooks.ring_hook``. Rank 0 prints the backend, the attached hook (as DDP
 itself reports it) and the loss, and at the end checks that every rank holds the same weights.
 The hook's TensorBoard events and timeline go to ``--log-dir`` (``tensorboard --logdir
-runs/ddp_ring``, ``ddp-ring-hooks advise runs/ddp_ring``).
+runs/ddp_ring``, ``ddp-ring-hooks advise runs/ddp_ring``). With ``--spread-every N`` every
+N-th step also says which rank arrived last, and with ``--links`` which link is slow; rank 0
+prints the hook's summary at the end.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ def parse_args() -> argparse.Namespace:
                         help="DDP bucket size in MiB; smaller gives more buckets (default: %(default)s)")
     parser.add_argument("--log-dir", default="runs/ddp_ring",
                         help="the hook's TensorBoard events and timeline (default: %(default)s)")
+    parser.add_argument("--spread-every", type=int, default=0,
+                        help="every N-th step, gather every rank's arrival: who is late (default: 0, never)")
+    parser.add_argument("--links", action="store_true",
+                        help="on those steps also time every link and name a slow one (needs --spread-every)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="process-group backend; auto = nccl when this node has a GPU for every "
                              "process (NCCL refuses two ranks on one GPU), else gloo")
@@ -71,7 +78,8 @@ def main() -> None:
         torch.nn.Linear(args.width, 1),
     ).to(device)
     ddp_model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-    state = ddp_ring_hooks.register(ddp_model, algorithm=args.algorithm, log_dir=args.log_dir)
+    state = ddp_ring_hooks.register(ddp_model, algorithm=args.algorithm, log_dir=args.log_dir,
+                                    spread_every=args.spread_every, links=args.links)
     optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=1e-3)
 
     generator = torch.Generator(device=device).manual_seed(1234 + rank)  # each rank its own data
@@ -100,7 +108,9 @@ def main() -> None:
         print(f"hook calls: {state.iteration} optimizer steps; {args.steps / elapsed:.1f} steps/s")
         identical = all(torch.equal(everyone[0], other) for other in everyone)
         print(f"parameters identical on all {world_size} ranks: {identical}")
-    state.close()
+    state.close()  # after the last step's exchanges across ranks
+    if rank == 0:
+        print(state.summary())
     dist.destroy_process_group()
 
 

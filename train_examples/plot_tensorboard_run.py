@@ -15,14 +15,14 @@ from pathlib import Path
 TAGS = ("train/loss", "comm/step/total_ms", "comm/step/exposed_ms", "throughput/samples_per_s")
 
 
-def read_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
-    """``tag -> [(step, value), ...]`` of one TensorBoard run directory."""
+def read_scalars(run: Path, tags=TAGS) -> dict[str, list[tuple[int, float]]]:
+    """``tag -> [(step, value), ...]`` of one TensorBoard run directory, for those of ``tags`` it has."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(run))
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})  # every step, not a sample
     events.Reload()
     available = set(events.Tags()["scalars"])
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in TAGS if tag in available}
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in tags if tag in available}
 
 
 def main(argv: list[str] | None = None) -> None:

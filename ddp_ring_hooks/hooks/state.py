@@ -167,7 +167,7 @@ class HookState:
             AutoSelector.probed(self.group, device=device, **_auto_options(options)) if algorithm == AUTO else None
         )
         cuda.prepare(self.group)  # NCCL: the side groups, made while every rank is here
-        directions.prepare(self.group)  # gloo: the second group, one per direction of each pair
+        directions.prepare(self.group)  # gloo: the upward transport, a socket per direction of each pair
         self.observation = Observation(telemetry, observers=observers, advice=advice_table, **telemetry_fields)
 
     # -- the watchers, by name ---------------------------------------------------------------
@@ -349,8 +349,9 @@ class HookState:
 
     def summary(self) -> str:
         """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw),
-        a line naming the rank that kept the others waiting (with ``spread_every``), and one
-        on what the ring's order costs when it crosses the nodes more than it must."""
+        a line naming the rank that kept the others waiting (with ``spread_every``), one naming
+        a slow link or network (with ``links=True``), and one on what the ring's order costs when
+        it crosses the nodes more than it must."""
         line = ring_order_line(self)
         return self.telemetry.summary() + (f"\n{line}" if line else "")
 

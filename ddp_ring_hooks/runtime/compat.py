@@ -9,8 +9,6 @@ path calls the group's own ``send``/``recv``), so the floor is checked here at i
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import torch
 import torch.distributed as dist
 
@@ -39,11 +37,17 @@ def broadcast_from_first(tensor: torch.Tensor, *, group: dist.ProcessGroup | Non
     dist.broadcast(tensor, group=group, group_src=0)
 
 
-def gloo_timeout(group: dist.ProcessGroup) -> timedelta:
-    """The timeout of ``group``'s gloo backend (gloo's default where this torch does not
-    expose it: ``Backend.options`` is recent)."""
-    options = getattr(group._get_backend(torch.device("cpu")), "options", None)
-    return getattr(options, "_timeout", None) or dist.default_pg_timeout
+def gloo_options_like(group: dist.ProcessGroup) -> dist.ProcessGroupGloo._Options:
+    """Options for another gloo backend beside ``group``'s: the same devices (so its sockets
+    join the same event-loop thread), the same timeout, one worker thread (point-to-point
+    never uses them). Where this torch does not expose a backend's options
+    (``Backend.options`` is recent), the default device and timeout."""
+    options = dist.ProcessGroupGloo._Options()
+    existing = getattr(group._get_backend(torch.device("cpu")), "options", None)
+    options._devices = existing._devices if existing is not None else [dist.ProcessGroupGloo.create_default_device()]
+    options._timeout = existing._timeout if existing is not None else dist.default_pg_timeout
+    options._threads = 1
+    return options
 
 
 def group_store(group: dist.ProcessGroup) -> dist.Store:

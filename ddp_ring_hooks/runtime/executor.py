@@ -20,7 +20,7 @@ in the queue behind all of it: the peer's half starts only after this half has c
 link, and the exchange takes up to twice as long on a network. Posted first, the receive's
 answer leaves before any payload and both halves travel at once, as in gloo's own ring
 (``gloo/allreduce.cc`` posts each segment's receive before its send). On CPU the two
-directions of a pair also travel on two gloo groups, the group and its *upward* group
+directions of a pair also travel on two gloo transports, the group and its *upward* one
 (:mod:`~ddp_ring_hooks.runtime.directions`): on one, both payloads of an exchange would take
 turns at one lock, which costs where copies rather than the wire set the pace (loopback).
 
@@ -28,6 +28,9 @@ turns at one lock, which costs where copies rather than the wire set the pace (l
   tails are allowed, and empty chunks send nothing (both ends know the sizes, so they agree).
 - A copy lands directly in the chunk; a reduce lands in a scratch buffer first.
 - Reductions happen in the buffer's own dtype, as NCCL does.
+- Per-link timing (an observer with a ``transfer_clock``, see :mod:`.observer`): each unit is
+  marked as it is posted and each receive as it lands, receives waited for before sends, and
+  the observer hears of the unit's transfers. Without such an observer none of it runs.
 - ``divisor`` averages instead of summing: each rank's contribution is divided by it *before*
   it is summed (so fp16 sums cannot overflow, as in PyTorch's ``allreduce_hook``), fused into
   the first pass over each chunk: a chunk about to be sent first is divided in place; a chunk
@@ -77,7 +80,7 @@ import torch.distributed as dist
 
 from ..schedules import Op, Schedule
 from .compat import p2p_op
-from .directions import upward_group
+from .directions import upward_transport
 from .errors import StepFailedError
 from .observer import NULL_OBSERVER, ExecutionObserver
 from .program import Complete, Message, Post, Program, Unit, chunk_sizes, program_for
@@ -110,7 +113,7 @@ def run_schedule(
     every rank. NCCL has no tags (one stream orders its work).
     ``slice_bytes`` overrides :data:`SLICE_BYTES` on CPU (tests use it to get many
     slices from small tensors); CUDA tensors always run in one slice.
-    On CPU the first call on a group makes its upward group (collective over the group's
+    On CPU the first call on a group makes its upward transport (collective over the group's
     members, see :mod:`~ddp_ring_hooks.runtime.directions`), unless a hook state made it.
     """
     group_size = dist.get_world_size(group)
@@ -160,6 +163,7 @@ class _Execution:
         self.tag = tag
         self.observer = observer
         self.pieces = flat.split(program.piece_sizes)
+        self.element_size = flat.element_size()
         # Scratch is reused (see the module docstring): a fresh buffer of tens of MB costs a
         # page fault per 4 KB on every call on CPU, an allocator round trip per bucket on CUDA.
         numel = program.scratch_numel
@@ -171,7 +175,7 @@ class _Execution:
         self.divisor = _divisor_tensor(flat, divisor) if divisor != 1 else divisor
         self.start = _start_on_cpu if on_cpu else _start_batched
         # Messages from a lower to a higher rank go on it (see runtime/directions.py).
-        self.upward = upward_group(group) if on_cpu else group
+        self.upward = upward_transport(group) if on_cpu else group
 
     def run(self) -> None:
         in_flight: deque[list[dist.Work]] = deque()
@@ -180,15 +184,22 @@ class _Execution:
         # that (measured: 4 ranks x 64 KB took 30 ms per call instead of 10 ms).
         retired: list[list[dist.Work]] = []
         pieces, divisor = self.pieces, self.divisor
+        clock = self.observer.transfer_clock  # None unless a watcher times each link
+        posted: deque = deque()  # with a clock: each unit in flight's mark as it was posted
         for event in self.program.events:
             if type(event) is Post:
                 for piece in event.unit.divide:
                     pieces[piece].div_(divisor)
+                if clock is not None:
+                    posted.append(clock())
                 in_flight.append(self.start(self, event.unit))
                 retired.clear()
             elif type(event) is Complete:
                 works = in_flight.popleft()
-                self._wait(event.unit, works)
+                if clock is None:
+                    self._wait(event.unit, works)
+                else:
+                    self._wait_timed(event.unit, works, posted.popleft(), clock)
                 self._land(event)
                 retired.append(works)
             else:
@@ -213,6 +224,31 @@ class _Execution:
             # the failed transfer is unknown and the unit's first message stands for it.
             coalesced = len(works) != len(unit.sends) + len(unit.receives)
             raise self._failure(error, unit, 0 if coalesced else position) from error
+
+    def _wait_timed(self, unit: Unit, works: list[dist.Work], posted, clock) -> None:
+        """:meth:`_wait` for per-link timing: the receives first, each marked with ``clock`` as
+        it landed (a receive's time is then not held up by a slow send of the same unit), then
+        the sends; the observer hears of the unit's transfers."""
+        messages = _posting_order(unit)
+        if len(works) != len(messages):  # NCCL coalesced the batch: it completes as one
+            self._wait(unit, works)
+            received = [clock() for _ in unit.receives]
+        else:
+            received = []
+            receives_first = sorted(range(len(works)), key=lambda i: messages[i][0] is not RECEIVE)
+            position = 0
+            try:
+                for position in receives_first:
+                    works[position].wait()
+                    if messages[position][0] is RECEIVE:
+                        received.append(clock())
+            except RuntimeError as error:
+                raise self._failure(error, unit, position) from error
+        sizes, element_size = self.program.piece_sizes, self.element_size
+        self.observer.on_transfers(
+            unit.step, posted, [(m.peer, sizes[m.piece] * element_size) for m in unit.sends],
+            [(m.peer, sizes[m.piece] * element_size) for m in unit.receives], received,
+        )
 
     def _land(self, event: Complete) -> None:
         pieces, divisor = self.pieces, self.divisor
@@ -264,7 +300,7 @@ def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
     121 µs per exchange of one element), so they go straight to the process group's
     ``send``/``recv`` (what ``dist.isend``/``dist.irecv`` call after their checks, which
     ``run_schedule`` did once). Peers are ranks of the group, as the group's methods take them.
-    A message from a lower to a higher rank goes on the upward group, the others on the group
+    A message from a lower to a higher rank goes on the upward transport, the others on the group
     (:mod:`~ddp_ring_hooks.runtime.directions`): both ends of a message pick the same one.
     """
     group, upward, tag, rank = execution.group, execution.upward, execution.tag, execution.rank

@@ -123,15 +123,24 @@ def group_nodes(group: dist.ProcessGroup | None = None) -> tuple[tuple[int, ...]
     """Each rank's node (``GROUP_RANK``, else ``rank // LOCAL_WORLD_SIZE``: torchrun's variables)
     and where it came from, the same source on every rank of ``group``, else ``None``s.
     Collective over ``group`` (one small all-gather)."""
-    rank = dist.get_rank(group)
+    return nodes_of(all_gather_ints(node_row(dist.get_rank()), group))
+
+
+def node_row(rank: int) -> list[int]:
+    """This process's ``[node, source]`` to gather (``rank``: its global rank, as torchrun's
+    ``LOCAL_WORLD_SIZE`` counts): the node from ``GROUP_RANK``, else ``rank // LOCAL_WORLD_SIZE``;
+    ``source`` the code of where it came from (an index of :data:`_NODE_SOURCES`, 0: unknown)."""
     if "GROUP_RANK" in os.environ:
-        mine = [int(os.environ["GROUP_RANK"]), 1]
-    elif "LOCAL_WORLD_SIZE" in os.environ:
-        mine = [rank // int(os.environ["LOCAL_WORLD_SIZE"]), 2]
-    else:
-        mine = [-1, 0]
-    rows = all_gather_ints(mine, group)
-    sources = {source for _, source in rows}
+        return [int(os.environ["GROUP_RANK"]), 1]
+    if "LOCAL_WORLD_SIZE" in os.environ:
+        return [rank // int(os.environ["LOCAL_WORLD_SIZE"]), 2]
+    return [-1, 0]
+
+
+def nodes_of(rows) -> tuple[tuple[int, ...] | None, str | None]:
+    """Every rank's gathered :func:`node_row`: the nodes and their source, when every rank
+    knew its node the same way, else ``None``s."""
+    sources = {int(source) for _, source in rows}
     if len(sources) != 1 or 0 in sources:
         return None, None
-    return tuple(node for node, _ in rows), _NODE_SOURCES[sources.pop()]
+    return tuple(int(node) for node, _ in rows), _NODE_SOURCES[sources.pop()]

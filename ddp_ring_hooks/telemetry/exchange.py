@@ -1,7 +1,7 @@
 """After a step, across ranks: the watchers' exchange, on a worker of its own, point-to-point.
 
-Some watchers need the other ranks' view of a step (who arrived last; later, each link's
-transfer times). After the last bucket of such a step is handed over, the observation queues
+Some watchers need the other ranks' view of a step (who arrived last; each link's transfer
+times). After the last bucket of such a step is handed over, the observation queues
 one job on the exchange worker::
 
     hook thread       last bucket launched -> submit(step, watchers)
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -61,6 +61,18 @@ class Peers:
     def bytes_to_rank0(self, payload: bytes) -> list[bytes] | None:
         """Rank 0 gets every rank's ``payload`` (by group rank); the others get ``None``."""
         return gather_bytes_to_rank0(payload, self.group, tag=EXCHANGE_TAG)
+
+    def trade(self, outgoing: Mapping[int, Sequence[float]], incoming: Mapping[int, int]) -> dict[int, list[float]]:
+        """Send each peer of ``outgoing`` its floats; receive ``incoming[peer]`` floats from each
+        peer there (both ends must agree on every count). Only the peers named talk: every
+        message is posted at once, then waited for, so no order between the pairs can deadlock."""
+        received = {peer: torch.empty(count, dtype=torch.float64) for peer, count in incoming.items() if count}
+        works = [self.group.recv([buffer], peer, EXCHANGE_TAG) for peer, buffer in received.items()]
+        works += [self.group.send([torch.tensor(list(values), dtype=torch.float64)], peer, EXCHANGE_TAG)
+                  for peer, values in outgoing.items() if len(values)]
+        for work in works:
+            work.wait()
+        return {peer: buffer.tolist() for peer, buffer in received.items()}
 
 
 class StepExchange:

@@ -7,8 +7,10 @@ bucket to its watchers (:class:`~.watcher.Watcher`), in this order:
 
 1. the per-bucket recorder (:class:`~.recorder.Telemetry`): TensorBoard, trace, summary;
 2. the advisor's timeline (:class:`~.timeline.Timeline`): compute around the buckets;
-3. the arrivals gather (:class:`~.arrivals.ArrivalGather`): who arrived last, after the step;
-4. the profiler's ranges (:class:`~.profiling.ProfilerRanges`), while a profiler runs;
+3. per-link timing (:class:`~.link_timing.LinkTiming`, ``links=True``): which link is slow,
+   after the step (before the arrivals: its trace events join the window's gather);
+4. the arrivals gather (:class:`~.arrivals.ArrivalGather`): who arrived last, after the step;
+5. the profiler's ranges (:class:`~.profiling.ProfilerRanges`), while a profiler runs;
 
 then to the user's own observers (``HookState(observers=...)``). One options object
 (:class:`~.options.TelemetryOptions`) configures them all; one pickling rule (the options
@@ -29,6 +31,7 @@ import torch.distributed as dist
 from ..runtime.observer import ExecutionObserver
 from .arrivals import ArrivalGather
 from .exchange import StepExchange
+from .link_timing import LinkTiming
 from .options import TelemetryOptions, collect_telemetry_options
 from .profiling import ProfilerRanges
 from .recorder import Telemetry
@@ -72,7 +75,7 @@ class Observation:
         self.recorder = recorder
         self.timeline = Timeline(log_dir=self.options.log_dir)
         self.watchers: tuple[Watcher, ...] = (
-            recorder, self.timeline, ArrivalGather(recorder), ProfilerRanges(),
+            recorder, self.timeline, LinkTiming(recorder), ArrivalGather(recorder), ProfilerRanges(),
         )
         self._timers = DeviceTimers()  # the one timer pool: one CUDA clock anchor per GPU
         self._exchange = StepExchange()

@@ -73,6 +73,9 @@ class TelemetryOptions:
             they are not pickled (a sink holds files or memory of this process).
         capacity: how many finished steps may wait for the writer before new ones are dropped.
         summary_window: how many recent samples per bucket the summary's percentiles use.
+        links: on the steps that gather across ranks (``spread_every``, the trace window), also
+            time every directed link from the hook's own transfers and name a slow one
+            (:mod:`.link_timing`); needs ``spread_every`` or ``trace_steps``. Off by default.
 
     Nothing is observed unless ``log_dir``, ``spread_every`` or ``sinks`` ask for it.
     """
@@ -85,6 +88,7 @@ class TelemetryOptions:
     sinks: tuple = ()
     capacity: int = 1024
     summary_window: int = 1024
+    links: bool = False
 
     def __post_init__(self) -> None:
         checked = {
@@ -96,6 +100,7 @@ class TelemetryOptions:
             "sinks": _sinks(self.sinks),
             "capacity": _positive_int("capacity", self.capacity),
             "summary_window": _positive_int("summary_window", self.summary_window),
+            "links": _links(self.links, self.spread_every, self.trace_steps),
         }
         for name, value in checked.items():  # normalized (a str log_dir, a range, a tuple)
             object.__setattr__(self, name, value)
@@ -191,6 +196,15 @@ def _per_rank(per_rank: bool, log_dir) -> bool:
     if per_rank and log_dir is None:
         raise ValueError("per_rank=True writes each rank to log_dir/rank_{r}; pass log_dir=PATH too")
     return bool(per_rank)
+
+
+def _links(links, spread_every, trace_steps) -> bool:
+    if not isinstance(links, bool):
+        raise ValueError(f"links must be True or False, got {links!r}")
+    if links and not spread_every and trace_steps is None:
+        raise ValueError("links=True times every link on the steps that gather across ranks; pass spread_every=N "
+                         "too (every N-th step), or trace_steps=... for the trace window")
+    return links
 
 
 def _sinks(sinks) -> tuple:

@@ -27,7 +27,8 @@ Across ranks (``spread_every=N``, and the steps of the trace window) the arrival
 :meth:`Telemetry.record_ranks`; this recorder only records it, and offers its trace events
 (:meth:`Telemetry.local_trace_events`) to gather. At the end of the trace window rank 0
 receives every rank's trace events (:meth:`Telemetry.add_peer_traces`) and writes one merged,
-aligned ``comm_trace.json``. Homes: the options and their checks are in :mod:`.options`; marks
+aligned ``comm_trace.json``. With ``links=True`` the per-link watcher (:mod:`.link_timing`)
+hands each gathered step's links to :meth:`Telemetry.record_links`, routed the same way. Homes: the options and their checks are in :mod:`.options`; marks
 to records in :mod:`.bucket_marks`; the sinks in :mod:`.sinks`, :mod:`.trace`, :mod:`.summary`.
 """
 
@@ -46,7 +47,7 @@ import torch.distributed as dist
 
 from .bucket_marks import step_record
 from .options import TelemetryOptions, check_sink, collect_telemetry_options, group_log_dir
-from .records import RankArrivals
+from .records import LinkTimes, RankArrivals
 from .sinks import Sink, TensorBoardSink
 from .stragglers import StragglerTally
 from .summary import SummaryTable
@@ -79,7 +80,8 @@ class Telemetry(Watcher):
     Args:
         options: a :class:`~.options.TelemetryOptions`, or ``None`` and its fields as keywords
             (``log_dir``, ``log_every``, ``trace_steps``, ``per_rank``, ``spread_every``,
-            ``sinks``, ``capacity``, ``summary_window``: what each means is documented there).
+            ``sinks``, ``capacity``, ``summary_window``, ``links``: what each means is documented
+            there).
 
     With no argument it is a null telemetry: nothing is observed and nothing written.
 
@@ -173,6 +175,10 @@ class Telemetry(Watcher):
         except queue.Full:
             self._count_dropped()
 
+    def record_links(self, record: LinkTimes) -> None:
+        """Record every link's times of a step (``links=True``; never blocks; full queue: dropped)."""
+        self.record_ranks(record)
+
     def local_trace_events(self) -> list[dict]:
         """This rank's trace events of the window, on its own clock (waits for the writer)."""
         self.flush()
@@ -260,7 +266,8 @@ class Telemetry(Watcher):
 
     def summary(self) -> str:
         """The per-bucket summary table of the logged steps so far, as text; with
-        ``spread_every``, a last line on stragglers (:class:`~.stragglers.StragglerTally`)."""
+        ``spread_every``, a line on stragglers (:class:`~.stragglers.StragglerTally`); with
+        ``links=True``, a last line on links (:mod:`.link_timing`)."""
         if not self.enabled and self._writer is None:
             return ("no communication telemetry: pass log_dir=PATH or sinks=[...] to register/HookState "
                     "to record per-bucket timings")
@@ -271,6 +278,8 @@ class Telemetry(Watcher):
                      f"are missing from the files; first: {self._first_sink_error}")
         if self.options.spread_every:
             text += f"\n{self._stragglers.render()}"
+        if self.options.links:
+            text += f"\n{self._links_line}"
         return text
 
     # -- writer thread -----------------------------------------------------------------------
@@ -289,7 +298,7 @@ class Telemetry(Watcher):
                 self._flush_sinks()
                 item.set()
                 continue
-            if isinstance(item, RankArrivals | _PeerTraces | _Text):
+            if isinstance(item, RankArrivals | LinkTimes | _PeerTraces | _Text):
                 self._deliver(item)
                 continue
             step, dropped = item
@@ -306,24 +315,27 @@ class Telemetry(Watcher):
         clocks = step.read(_CLOSE_TIMEOUT_S)
         return None if clocks is None else step_record(step, clocks, dropped=dropped)
 
-    def _deliver(self, item: RankArrivals | _PeerTraces | _Text) -> None:
-        """Gathered ranks of spread steps go to every sink that takes them (``write_ranks``),
-        those of trace steps to the trace; peer traces to the trace file; text to this rank's
-        own TensorBoard run."""
+    def _deliver(self, item: RankArrivals | LinkTimes | _PeerTraces | _Text) -> None:
+        """Gathered ranks and links of spread steps go to every sink that takes them
+        (``write_ranks``, ``write_links``), those of trace steps to the trace; peer traces to
+        the trace file; text to this rank's own TensorBoard run."""
         if isinstance(item, _Text):
             for sink, _ in self._file_routes:
                 if isinstance(sink, TensorBoardSink):
                     self._guard(lambda: sink.write_text(item.tag, item.text, 0))
             return
-        spread = isinstance(item, RankArrivals) and self._is_spread_step(item.step)
-        if spread:
+        spread = isinstance(item, RankArrivals | LinkTimes) and self._is_spread_step(item.step)
+        if isinstance(item, LinkTimes):
+            self._links_line = item.summary
+        elif spread:
             self._stragglers.add(item)
+        method = "write_links" if isinstance(item, LinkTimes) else "write_ranks"
         for sink, _ in self._all_routes():
             if isinstance(item, _PeerTraces):
                 if isinstance(sink, TraceSink):
                     self._guard(lambda: sink.add_peer_traces(item.traces))
-            elif (spread or isinstance(sink, TraceSink)) and callable(getattr(sink, "write_ranks", None)):
-                self._guard(lambda: sink.write_ranks(item))
+            elif (spread or isinstance(sink, TraceSink)) and callable(getattr(sink, method, None)):
+                self._guard(lambda: getattr(sink, method)(item))
 
     def _flush_sinks(self) -> None:
         for sink, _ in self._all_routes():
@@ -348,6 +360,7 @@ class Telemetry(Watcher):
         options = self.options
         self._summary = SummaryTable(window=options.summary_window)
         self._stragglers = StragglerTally(window=options.summary_window)
+        self._links_line = "links: no step's links timed yet (links=True times them on every spread_every-th step)"
         self._routes: tuple = ((self._summary, self._is_log_step), *((s, self._is_log_step) for s in options.sinks))
         self._file_routes: tuple = ()
         self._queue: queue.Queue = queue.Queue(maxsize=options.capacity)

@@ -170,3 +170,47 @@ class RankArrivals:
     @property
     def total_ms_known(self) -> bool:
         return not any(math.isnan(total) for total in self.total_ms)
+
+
+@dataclass(frozen=True)
+class LinkSpan:
+    """A time a directed link was busy in one step, as its receiver saw it (for the trace).
+
+    From ``start_ms`` to ``end_ms`` (the receiver's clock) at least one of ``transfers``
+    transfers from ``src`` to ``dst`` was moving with both ends ready: ``nbytes`` in all.
+    ``waited_ms``: how long, summed over those transfers, the end that posted first waited for
+    the other to post (a late peer's share: waiting, not the link's time).
+    """
+
+    src: int
+    dst: int
+    start_ms: float
+    end_ms: float
+    nbytes: int
+    transfers: int
+    waited_ms: float
+
+
+@dataclass(frozen=True)
+class LinkTimes:
+    """Every directed link of the group in one step, timed from the hook's own transfers.
+
+    ``links[(src, dst)]`` is ``(nbytes, busy_ms)``: the bytes the step's schedules moved from
+    ``src`` to ``dst`` and how long at least one of those transfers was moving once both ends
+    had posted it (every rank's links, the same on every rank). ``spans``: the recording
+    rank's incoming links as :class:`LinkSpan` s, on its own clock. ``verdict``: the naming
+    rule (a :class:`ddp_ring_hooks.links.LinkVerdict`) over the links' recent steps, and
+    ``summary`` its line. ``rank``: the rank that recorded this copy.
+    """
+
+    step: int
+    links: dict[tuple[int, int], tuple[int, float]]
+    spans: tuple[LinkSpan, ...]
+    verdict: object
+    summary: str
+    rank: int = 0
+
+    def bandwidth_Bps(self, link: tuple[int, int]) -> float:
+        """``link``'s bytes per second in this step (0 when nothing moved or no time was measured)."""
+        nbytes, busy = self.links.get(link, (0, 0.0))
+        return nbytes / (busy * 1e-3) if busy > 0 else 0.0

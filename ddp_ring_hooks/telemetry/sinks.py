@@ -13,12 +13,17 @@ TensorBoard tags (stable: dashboards are built on them)::
     comm/telemetry/dropped
     comm/ranks/straggler_rank  straggler_wait_ms  arrival_spread_ms  clock_error_ms
     comm/ranks/total_ms_min  total_ms_max  total_ms_spread                 (with spread_every)
+    comm/links/slowest_src  slowest_dst  slowest_MBps  median_MBps  slow_nic_rank
+                                                         (with spread_every and links=True)
     comm/advice                                          (text, when the hook state closes)
 
 ``straggler_rank`` is the rank that arrived last (handed its last bucket over last) and
 ``straggler_wait_ms`` the median over the other ranks of how long they waited for it (see
 :class:`~.records.RankArrivals`). There is no "slowest rank by communication time": the rank
 that communicates longest is the one that waited longest, a victim, not the culprit.
+``comm/links/*`` are the naming rule's over the links' recent steps (:mod:`.link_timing`): the
+link of the lowest bandwidth (its ends and MB/s, 1e6 bytes/s), the median of all links, and
+the rank whose network the rule names slow (``-1`` when none).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import collections
 import os
 
 from .fast_checksum import use_fast_checksum
-from .records import RankArrivals, StepRecord
+from .records import LinkTimes, RankArrivals, StepRecord
 
 #: The advisor's text panel, written next to the ``comm/*`` charts.
 ADVICE_TAG = "comm/advice"
@@ -41,6 +46,9 @@ class Sink:
 
     def write_ranks(self, record: RankArrivals) -> None:
         """Every rank's arrival in one step (gathered with ``spread_every``); ignored by default."""
+
+    def write_links(self, record: LinkTimes) -> None:
+        """Every link's times in one step (``links=True``); ignored by default."""
 
     def write_text(self, tag: str, text: str, step: int) -> None:
         """A text panel (the advisor's, when the hook state closes); ignored by default."""
@@ -68,6 +76,7 @@ class MemorySink(Sink):
     def __init__(self, maxlen: int = 10_000) -> None:
         self._records: collections.deque[StepRecord] = collections.deque(maxlen=maxlen)
         self._ranks: collections.deque[RankArrivals] = collections.deque(maxlen=maxlen)
+        self._links: collections.deque[LinkTimes] = collections.deque(maxlen=maxlen)
 
     @property
     def records(self) -> list[StepRecord]:
@@ -78,11 +87,19 @@ class MemorySink(Sink):
         """The gathered arrivals of every rank, one per gathered step."""
         return list(self._ranks)
 
+    @property
+    def links(self) -> list[LinkTimes]:
+        """Every link's times, one record per gathered step (``links=True``)."""
+        return list(self._links)
+
     def write(self, record: StepRecord) -> None:
         self._records.append(record)
 
     def write_ranks(self, record: RankArrivals) -> None:
         self._ranks.append(record)
+
+    def write_links(self, record: LinkTimes) -> None:
+        self._links.append(record)
 
 
 class TensorBoardSink(Sink):
@@ -176,6 +193,22 @@ class TensorBoardSink(Sink):
             ]
         self._write_values(values, record.step + self.step_offset)
 
+    def write_links(self, record: LinkTimes) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        verdict = record.verdict
+        if verdict is None or verdict.slowest is None:  # nothing measured yet
+            return
+        src, dst = verdict.slowest
+        values = [
+            Summary.Value(tag=f"comm/links/{tag}", simple_value=float(value))
+            for tag, value in (
+                ("slowest_src", src), ("slowest_dst", dst), ("slowest_MBps", verdict.bandwidths[(src, dst)] / 1e6),
+                ("median_MBps", verdict.median_Bps / 1e6), ("slow_nic_rank", verdict.slow_nic_rank),
+            )
+        ]
+        self._write_values(values, record.step + self.step_offset)
+
     def _write_values(self, values: list, step: int) -> None:
         if self._layout_pending:
             self.writer.add_custom_scalars(custom_scalars_layout())
@@ -220,6 +253,7 @@ def custom_scalars_layout() -> dict:
         "ranks: straggler wait / arrival spread (ms)": [
             "Multiline", ["comm/ranks/straggler_wait_ms", "comm/ranks/arrival_spread_ms"]
         ],
+        "links: slowest / median (MB/s)": ["Multiline", ["comm/links/slowest_MBps", "comm/links/median_MBps"]],
     }
     return {"comm buckets": per_bucket, "comm steps": per_step}
 

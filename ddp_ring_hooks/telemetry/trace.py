@@ -14,7 +14,7 @@ import math
 import os
 from collections.abc import Iterable
 
-from .records import RankArrivals, StepRecord
+from .records import LinkTimes, RankArrivals, StepRecord
 from .sinks import Sink
 from .trace_merge import shift_events
 
@@ -34,6 +34,9 @@ class TraceSink(Sink):
           bucket 1          [queue       ][ bucket 1 step 5 ...
           exposed                          [ exposed step 5 ]
           arrival   [handing over][wait for rank 2 step 5]
+        links                                       (links=True: one track per directed link)
+          link 1→2       [1→2][1→2]      [1→2]
+          link 2→3            [2→3]  [2→3]
 
     ``steps`` limits the window (a ``range`` of optimizer steps, ``None`` for all) and
     ``max_steps`` bounds memory whatever the window. The file is (re)written on flush/close;
@@ -50,6 +53,7 @@ class TraceSink(Sink):
         self.steps = steps
         self._records: collections.deque[StepRecord] = collections.deque(maxlen=max_steps)
         self._arrivals: collections.deque[RankArrivals] = collections.deque(maxlen=max_steps)
+        self._links: collections.deque[LinkTimes] = collections.deque(maxlen=max_steps)
         self._peer_events: list[dict] = []
         self._merged_ranks: list[int] = []
         self._dirty = False
@@ -64,6 +68,11 @@ class TraceSink(Sink):
             self._arrivals.append(record)
             self._dirty = True
 
+    def write_links(self, record: LinkTimes) -> None:
+        if record.spans and (self.steps is None or record.step in self.steps):
+            self._links.append(record)
+            self._dirty = True
+
     def add_peer_traces(self, traces) -> None:
         """Other ranks' events ``(rank, events, clock offset ms)``, moved onto this rank's clock
         (this is rank 0: offset 0)."""
@@ -74,7 +83,7 @@ class TraceSink(Sink):
 
     def events(self) -> list[dict]:
         """This rank's own events (its clock)."""
-        return trace_events(self._records, self._arrivals)
+        return trace_events(self._records, self._arrivals) + link_events(self._links)
 
     def clock(self) -> dict:
         """How this file's clock relates to rank 0's (from the last gathered arrivals)."""
@@ -158,6 +167,43 @@ def trace_events(records: Iterable[StepRecord], arrivals: Iterable[RankArrivals]
         if pid != arrival.straggler:
             slice_(f"wait for rank {arrival.straggler} step {arrival.step}", pid, ARRIVAL_TID, last, wait,
                    {**args, "wait_ms": wait})
+    return events
+
+
+#: The process that holds every link's track, sorted after the ranks; link ``s→d``'s track.
+LINKS_PID = 1_000_000
+
+
+def link_tid(src: int, dst: int) -> int:
+    return src * 100_000 + dst
+
+
+def link_events(records: Iterable[LinkTimes]) -> list[dict]:
+    """Chrome trace events for the recording rank's incoming links in ``records`` (its clock):
+    one track per directed link in a ``links`` process, a slice per busy span."""
+    events: list[dict] = []
+    named: set[int] = set()
+    for record in records:
+        for span in record.spans:
+            tid = link_tid(span.src, span.dst)
+            if not named:
+                events.append({"ph": "M", "name": "process_name", "pid": LINKS_PID, "tid": 0, "args": {"name": "links"}})
+                events.append({"ph": "M", "name": "process_sort_index", "pid": LINKS_PID, "tid": 0,
+                               "args": {"sort_index": LINKS_PID}})
+            if tid not in named:
+                named.add(tid)
+                events.append({"ph": "M", "name": "thread_name", "pid": LINKS_PID, "tid": tid,
+                               "args": {"name": f"link {span.src}→{span.dst}"}})
+                events.append({"ph": "M", "name": "thread_sort_index", "pid": LINKS_PID, "tid": tid,
+                               "args": {"sort_index": tid}})
+            duration_ms = span.end_ms - span.start_ms
+            events.append({
+                "ph": "X", "name": f"{span.src}→{span.dst}", "pid": LINKS_PID, "tid": tid, "ts": span.start_ms * 1e3,
+                "dur": max(duration_ms, 0.0) * 1e3,
+                "args": {"step": record.step, "bytes": span.nbytes, "transfers": span.transfers,
+                         "MBps": span.nbytes / (duration_ms * 1e3) if duration_ms > 0 else 0.0,
+                         "waited_ms": span.waited_ms},
+            })
     return events
 
 

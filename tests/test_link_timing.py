@@ -9,7 +9,8 @@
   observer with a clock of every unit, and one without a clock of none; the merged trace has a
   track per link.
 - On the emulated lab (real namespaces, shaped links; skipped without root), 4 hosts, 12
-  steps of a 2 MB model: one host's link 4x slower -> its rank's network named in the tags
+  steps of a 4.2 MB model in one bucket (1 MiB transfers, well above the shaper's burst: see
+  ``scripts/link_timing_job.py``): one host's link 4x slower -> its rank's network named in the tags
   (read back from the event files), the summary, and by ``ddp-ring-hooks links``; a slow link
   inside a node of a two-tier lab -> that link, no network; equal links -> nothing; a rank
   sleeping before each forward -> the straggler, no link.

@@ -2,9 +2,17 @@
 
 Every step gathers arrivals and times every link (``spread_every=1, links=True``); with
 ``--delay-rank R`` that rank sleeps ``--delay-ms`` before every forward (a rank late for
-compute reasons, not the network). Each rank writes ``rank{r}.json``: its summary, what the
-rule and the straggler gather said at every step, and a checksum of its parameters. Used by
-``tests/test_link_timing.py``.
+compute reasons, not the network).
+
+The model is one bucket of 4.2 MB, so the ring's transfers at 4 ranks are 1 MiB chunks, four
+times the lab shaper's bucket (250 KB at 400 Mbit/s, ``lab/iproute.py``). Smaller ones read
+the shaper, not the link: a link that idles for 5 ms (waiting for a late rank's chain, say)
+refills the bucket, and its next 256 KB chunk crosses at veth speed, 100-350 MB/s on a
+50 MB/s link; two such links out of four put the median high enough to make the healthy
+ones look slow. At 1 MiB a full bucket lifts a reading by at most a third.
+
+Each rank writes ``rank{r}.json``: its summary, what the rule and the straggler gather said at
+every step, and a checksum of its parameters. Used by ``tests/test_link_timing.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="directory for rank{r}.json and the TensorBoard run")
     parser.add_argument("--algorithm", default="ring", help="hook algorithm (default: ring)")
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps (default: 12)")
-    parser.add_argument("--width", type=int, default=512, help="the MLP's width: 2 x width^2 parameters (default: 512)")
+    parser.add_argument("--width", type=int, default=724, help="the MLP's width: 2 x width^2 parameters (default: 724)")
     parser.add_argument("--delay-rank", type=int, default=-1, help="this rank sleeps before every forward")
     parser.add_argument("--delay-ms", type=float, default=60.0, help="for how long (default: 60)")
     return parser.parse_args()
@@ -43,7 +51,7 @@ def main() -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(args.width, args.width), torch.nn.Tanh(), torch.nn.Linear(args.width, args.width))
-    model = DistributedDataParallel(net, bucket_cap_mb=1)
+    model = DistributedDataParallel(net, bucket_cap_mb=8)  # one bucket (see the docstring)
     memory = MemorySink()
     state = ddp_ring_hooks.register(model, algorithm=args.algorithm, log_dir=str(args.out / "tb"), spread_every=1,
                                     links=True, sinks=[memory])

@@ -493,13 +493,14 @@ def test_a_hierarchical_run_is_advised_with_its_own_node_size_wherever_its_log_i
     records[0] = dataclasses.replace(records[0], algorithm="hierarchical", world_size=4, local_world_size=2)
     model = step_model(records)
     here = run_setting(model.profile)
-    assert setting_options(model.profile, here) == {"local_size": 2, "ring_order": "rank", "node_of": None}
+    # (segments: None, chosen per bucket size where the bucket is priced)
+    assert setting_options(model.profile, here) == {"local_size": 2, "segments": None, "ring_order": "rank", "node_of": None}
     assert model.predict(here).step_ms == pytest.approx(model.profile.step_ms)  # the run itself, exactly
     algorithms = {row["value"] for row in advise(records)["what_if"] if row["knob"] == "algorithm"}
     assert {"ring", "tree", "hierarchical"} <= algorithms
     # An option the setting gives wins over the run's environment.
     eight = replace(here, world_size=8, algorithm_options=(("local_size", 4),))
-    assert setting_options(model.profile, eight) == {"local_size": 4, "ring_order": "rank", "node_of": None}
+    assert setting_options(model.profile, eight) == {"local_size": 4, "segments": None, "ring_order": "rank", "node_of": None}
     assert bytes_factor("hierarchical", 8, **setting_options(model.profile, eight)) == pytest.approx(1.75)
 
 
@@ -554,3 +555,42 @@ def test_a_ring_order_reaches_the_advisor_as_any_option_does():
     assert model.predict(reversed_ring).step_ms == pytest.approx(model.predict(here).step_ms)
     with pytest.raises(ValueError, match="ring: ring_order=\\(1, 1\\) names a rank twice"):
         model.predict(replace(here, algorithm_options=(("ring_order", (1, 1)),)))
+
+
+def test_a_ring_across_misplaced_nodes_is_named_with_the_order_that_fixes_it_and_its_predicted_gain():
+    """The timeline records the ranks' nodes and the ring's order; the advice says what the order
+    costs, priced with the run's own fit (its β already holds the run's crossings)."""
+    records = timeline(ready=[2.0, 20.0])
+    misplaced = dataclasses.replace(records[0], world_size=4, nodes=(0, 1, 0, 1), ring=(0, 1, 2, 3))
+    advice = advise([misplaced, *records[1:]])
+    note = advice["rank_order"]
+    assert (note["crossings"], note["fewest"], note["busiest"], note["calibrated"]) == (4, 2, 2, True)
+    # 2(p-1)α + 2(p-1)/p·nβ against the same with half the bytes through the busiest uplink:
+    fitted = step_model([misplaced, *records[1:]]).run_network.calibration("ring")
+    latency, transfer = 6 * fitted.alpha, 1.5 * 3 * MIB * fitted.beta
+    assert note["speedup"] == pytest.approx((latency + transfer) / (latency + transfer / 2))
+    assert note["line"] == (f"the ring crosses the node boundary 4 times; ring_order='hosts' would cross it 2 times: "
+                            f"predicted {note['speedup']:.2g}x faster")
+    assert f"ring order: {note['line']}" in format_advice(advice)
+    # Placed node by node, nodes unknown, or one node: nothing to say.
+    for run in (dataclasses.replace(misplaced, nodes=(0, 0, 1, 1)), dataclasses.replace(misplaced, nodes=None),
+                dataclasses.replace(misplaced, nodes=(0, 0, 0, 0))):
+        assert advise([run, *records[1:]])["rank_order"] is None
+    # Old timelines (no nodes, no ring) still read, and say nothing.
+    old = {k: v for k, v in json.loads(misplaced.to_json()).items() if k not in ("nodes", "ring")}
+    assert TimelineRun.from_json(old).nodes is None
+    assert TimelineRun.from_json(misplaced.to_json()) == misplaced
+
+
+def test_a_two_tier_network_prices_the_what_ifs_with_the_uplink_shared_by_a_nodes_ranks():
+    from ddp_ring_hooks.advisor import from_two_tier
+    from ddp_ring_hooks.cost_model import TwoTier
+
+    lab = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=50e-6, local_beta=1 / 1e9, ranks_per_node=2)
+    network = from_two_tier(lab)
+    assert network.cost_ms("ring", 16 << 20, 4) == pytest.approx(1e3 * lab.predict("ring", 16 << 20, 4))
+    assert network.cost_ms("hierarchical", 16 << 20, 4, local_size=2) < 0.7 * network.cost_ms("ring", 16 << 20, 4)
+    records = timeline(ready=[2.0, 20.0])
+    rows = advise(records, network=network)["what_if"]
+    assert {r["value"] for r in rows if r["knob"] == "world_size"} == {2, 4, 8, 64, 512}  # nodes of 2 fit each
+    assert "two tiers (nodes of 2 ranks)" in advise(records, network=network)["model"]["network"]["source"]

@@ -16,7 +16,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_ring_hooks
-from ddp_ring_hooks.cost_model import Calibration
+from ddp_ring_hooks.cost_model import Calibration, TwoTier
 from ddp_ring_hooks.runtime.selection import AutoSelector, default_candidates
 from tests._dist import run_ranks
 from tests.conftest import Net
@@ -76,7 +76,7 @@ def test_candidate_options_are_the_registrys_and_each_reaches_the_candidates_tha
     selector = AutoSelector(LINKS, 8, segments=3, local_size=4, ring_order=[0, 2, 4, 6, 1, 3, 5, 7])
     order = {"ring_order": (0, 2, 4, 6, 1, 3, 5, 7), "node_of": None}  # to both rings, as a tuple
     assert selector.options["tree"] == selector.options["double_binary_tree"] == {"segments": 3}
-    assert selector.options["hierarchical"] == {"local_size": 4, **order} and selector.options["ring"] == order
+    assert selector.options["hierarchical"] == {"local_size": 4, "segments": 3, **order} and selector.options["ring"] == order
     assert selector.options["halving_doubling"] == {}
     with pytest.raises(ValueError, match="ring: ring_order=\\(0, 0\\) names a rank twice"):
         AutoSelector(LINKS, 8, ring_order=(0, 0))
@@ -89,6 +89,31 @@ def test_candidate_options_are_the_registrys_and_each_reaches_the_candidates_tha
         AutoSelector(LINKS, 8, candidates=("ring", "native"), segments=3)
     # Default candidates: a node size that makes no hierarchy leaves hierarchical out, no error.
     assert "hierarchical" not in AutoSelector(LINKS, 8, local_size=8).candidates
+
+
+LAB = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=50e-6, local_beta=1 / 1e9, ranks_per_node=2)  # 400 Mbit/s uplinks
+
+
+def test_on_a_two_tier_network_auto_picks_hierarchical_where_it_is_faster_and_only_there():
+    selector = AutoSelector(None, 4, network=LAB, local_size=2)
+    for nbytes in (4096, 1 << 20, 4 << 20, 16 << 20):
+        predicted = selector.predictions(nbytes)
+        chosen, options = selector.choose(nbytes)
+        assert predicted[chosen] == min(predicted.values())
+        assert (chosen == "hierarchical") == (predicted["hierarchical"] < min(t for a, t in predicted.items() if a != "hierarchical"))
+    assert selector.choose(16 << 20) == ("hierarchical", {"local_size": 2, "segments": None, "ring_order": "rank", "node_of": None})
+    # One tier (every rank its own node, the same links): no hierarchy pays, none is picked.
+    flat = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=200e-6, local_beta=1 / 50e6, ranks_per_node=1)
+    assert all(AutoSelector(None, 4, network=flat, local_size=2).choose(n)[0] != "hierarchical" for n in SIZES)
+    # Ranks alternating between the nodes: the ring's candidate is priced in the order it would run.
+    misplaced = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=50e-6, local_beta=1 / 1e9, placement=(0, 1, 0, 1))
+    crossing = AutoSelector(None, 4, network=misplaced, candidates=("ring", "tree"))
+    fixed = AutoSelector(None, 4, network=misplaced, candidates=("ring", "tree"), ring_order="hosts", node_of=(0, 1, 0, 1))
+    assert crossing.predictions(16 << 20)["ring"] == pytest.approx(2 * fixed.predictions(16 << 20)["ring"], rel=0.01)
+    with pytest.raises(ValueError, match="this network places 4 ranks, not 6"):
+        AutoSelector(None, 6, network=misplaced)
+    with pytest.raises(ValueError, match="auto: network='lab' must be a ddp_ring_hooks.cost_model.TwoTier"):
+        AutoSelector(None, 4, network="lab")
 
 
 def test_hook_state_takes_autos_options_by_their_records():
@@ -191,7 +216,7 @@ def probe_with_nodes_of_different_sizes(rank: int, world_size: int) -> dict:
 def test_nodes_of_different_sizes_leave_hierarchical_out_on_every_rank():
     reports = run_ranks(probe_with_nodes_of_different_sizes, 4, timeout=240)
     for report in reports:
-        assert report["agreed_when_equal"] == {"local_size": 2, "ring_order": "rank", "node_of": None}
+        assert report["agreed_when_equal"] == {"local_size": 2, "segments": None, "ring_order": "rank", "node_of": None}
         assert report["agreed"]["hierarchical"] is None and report["agreed"]["tree"] == {"segments": 1}
         assert "hierarchical is a candidate but the ranks do not agree on its options" in report["hierarchical_asked_for"]
         assert "LOCAL_WORLD_SIZE, which differs between nodes" in report["hierarchical_asked_for"]

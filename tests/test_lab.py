@@ -225,14 +225,16 @@ def test_links_move_bytes_at_the_shaped_rate(lab_machine):
         assert transfer_ratio(lab, 2, 3, "50Mbit", nbytes=2 * MiB) == pytest.approx(1.0, abs=0.15)  # the slow host
 
 
-def assert_all_reduce_correct(lab: EmulatedCluster) -> None:
-    results = lab.run([sys.executable, str(REPO / "tests" / "scripts" / "lab_all_reduce.py")],
+def assert_all_reduce_correct(lab: EmulatedCluster, *algorithms: str) -> None:
+    """Every algorithm's registry examples (or those of ``algorithms``) sum correctly and
+    bit-identically on every host."""
+    results = lab.run([sys.executable, str(REPO / "tests" / "scripts" / "lab_all_reduce.py"), *algorithms],
                       env={"PYTHONPATH": str(REPO)}, timeout=200)
     reports = [json.loads(result.stdout.splitlines()[-1]) for result in results]
     assert [r["rank"] for r in reports] == list(range(lab.hosts)) and {r["world_size"] for r in reports} == {lab.hosts}
     cases = reports[0]["cases"]
-    algorithms = {key.split()[0] for key in cases}
-    assert algorithms == {name for name, _ in algorithm_cases(lab.hosts)} | {"native"}
+    ran = {key.split()[0] for key in cases}
+    assert ran == (set(algorithms) or {name for name, _ in algorithm_cases(lab.hosts)} | {"native"})
     for key, case in cases.items():
         assert case["excess"] <= 1.0, f"{key}: off the exact sum by {case['excess']:.2f} of the bound"
         assert all(r["cases"][key]["digest"] == case["digest"] for r in reports), f"{key}: ranks differ"
@@ -248,6 +250,46 @@ def test_every_algorithm_is_correct_across_three_hosts(lab_machine):
 def test_every_algorithm_is_correct_across_two_nodes_of_two_hosts(lab_machine):
     with EmulatedCluster(hosts=4, nodes=2, uplink="1Gbit") as lab:
         assert_all_reduce_correct(lab)
+
+
+@pytest.mark.timeout(240)
+def test_two_tier_hierarchical_is_correct_and_bit_identical_on_two_nodes_of_three(lab_machine):
+    # (two nodes of two: every algorithm, above; the hierarchy's examples include segments=3)
+    with EmulatedCluster(hosts=6, nodes=2, uplink="1Gbit") as lab:
+        assert_all_reduce_correct(lab, "hierarchical")
+
+
+@pytest.mark.timeout(240)
+def test_two_tier_misplaced_ranks_measured_ring_order_groups_the_nodes_and_the_summary_says_what_rank_order_costs(lab_machine):
+    from ddp_ring_hooks.cost_model import ring_crossings
+
+    placement = (0, 1, 0, 1)  # ranks alternate between the two nodes
+    with EmulatedCluster(hosts=4, nodes=2, uplink="200Mbit", placement=placement) as lab:
+        results = lab.run([sys.executable, str(REPO / "tests" / "scripts" / "lab_ring_order.py")],
+                          env={"PYTHONPATH": str(REPO)}, timeout=200)
+    reports = [json.loads(result.stdout.splitlines()[-1]) for result in results]
+    for case in ("ring measured", "hierarchical measured", "ring hosts", "ring rank"):
+        rings = {tuple(report[case]["ring"]) for report in reports}
+        assert len(rings) == 1, f"{case}: the ranks chose different orders {rings}"
+        assert {report[case]["digest"] for report in reports} == {reports[0][case]["digest"]}, f"{case}: ranks differ"
+        assert reports[0][case]["excess"] <= 1.0, case
+        assert tuple(reports[0][case]["nodes"]) == placement  # gathered from every rank's GROUP_RANK
+    # The probe found the slow links: its ring enters and leaves each node once, like "hosts".
+    for case in ("ring measured", "hierarchical measured", "ring hosts"):
+        order = tuple(reports[0][case]["ring"])
+        assert ring_crossings(order, placement).total == 2, (case, order)
+    # hierarchical reads consecutive places of its order as nodes: each pair is one real node.
+    order = reports[0]["hierarchical measured"]["ring"]
+    assert {placement[order[0]], placement[order[1]]} == {placement[order[0]]} != {placement[order[2]]}
+    assert reports[0]["ring rank"]["ring"] == [0, 1, 2, 3]
+    assert all(report["ring rank summary line"] == "ring order: the ring crosses the node boundary 4 times; "
+               "ring_order='hosts' would cross it 2 times: up to 2x faster" for report in reports)
+    # hierarchical in rank order (LOCAL_WORLD_SIZE=2: "nodes" 0,1 and 2,3) is warned of when built, and summarized.
+    said = ("hierarchical's nodes are not the ranks' nodes: it groups ranks 0,1 | 2,3, the ranks say 0,2 | 1,3; "
+            "its rings inside a node cross between nodes: ring_order='hosts' makes its nodes the real ones")
+    assert all(report["hierarchical rank warnings"] == [said] for report in reports)
+    assert all(report["hierarchical rank summary line"] == f"ring order: {said}" for report in reports)
+    assert all(report["ring measured warnings"] == [] for report in reports)
 
 
 @pytest.mark.timeout(120)

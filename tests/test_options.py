@@ -46,7 +46,8 @@ def test_defaults_are_filled_in_and_the_environment_is_read_once(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     state = HookState(algorithm="hierarchical")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # later changes do not reach the state
-    assert state.algorithm_options == {"local_size": 2, "ring_order": "rank", "node_of": None}
+    # segments stays "by size" (None) until a bucket's size chooses it.
+    assert state.algorithm_options == {"local_size": 2, "segments": None, "ring_order": "rank", "node_of": None}
 
 
 def test_one_message_for_an_unknown_name_everywhere():
@@ -62,7 +63,7 @@ def test_one_message_for_an_unknown_name_everywhere():
 def test_schedules_carry_the_options_they_were_built_with(algorithm, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     schedule = build_schedule(algorithm, 4)
-    assert dict(schedule.options) == resolve_options(algorithm, {})
+    assert dict(schedule.options) == resolve_options(algorithm, {}, nbytes=0)  # options by size: the smallest buffer's
 
 
 def test_lightning_strategy_checks_its_algorithm_options_when_built():

@@ -8,6 +8,7 @@ fail the layout check with a message naming the option, and the group must stay 
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 import torch
@@ -15,7 +16,11 @@ import torch.distributed as dist
 
 import ddp_ring_hooks
 from ddp_ring_hooks import HookState
-from ddp_ring_hooks.schedules import build_schedule, checked_schedule, resolve_options, schedule_nodes
+from ddp_ring_hooks.links import best_ring
+from ddp_ring_hooks.schedules import (
+    NEEDS_LINKS, NEEDS_NODES, RingCrossings, build_schedule, checked_schedule, group_needs, resolve_options,
+    ring_crossings, schedule_nodes, settled,
+)
 from ddp_ring_hooks.viz.layout import choose_layout
 from tests._dist import run_ranks
 from tests.conftest import Net, digest, rank_input, sgd_steps, within_summation_bound
@@ -49,11 +54,12 @@ def test_hosts_without_node_of_is_the_rank_order_under_torchrun_and_refused_else
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"ring_order": "measured"}, "ring_order='measured' is not one of 'rank', 'hosts' or a list of ranks"),
+    ({"ring_order": "fastest"}, "ring_order='fastest' is not one of 'rank', 'hosts', 'measured' or a list of ranks"),
+    ({"ring_order": "measured"}, r"'measured' is chosen on the process group, by a probe of its links.*best_ring\(\)"),
     ({"ring_order": [0, 1, 1, 2]}, "names a rank twice"),
     ({"ring_order": [0, 1, 2]}, r"is not an order of the group's 4 ranks: list each of 0..3 once"),
     ({"ring_order": [0, 1, 2, 4]}, "is not an order of the group's 4 ranks"),
-    ({"ring_order": 3}, "must be 'rank', 'hosts', or a list of the group's ranks"),
+    ({"ring_order": 3}, "must be 'rank', 'hosts', 'measured', or a list of the group's ranks"),
     ({"node_of": (0, 0, 1, 1)}, "node_of is read only by ring_order='hosts'"),
     ({"ring_order": "hosts", "node_of": (0, 1)}, "node_of names the nodes of 2 ranks but the group has 4"),
     ({"ring_order": "hosts", "node_of": "ab"}, "must be one node number"),
@@ -64,8 +70,8 @@ def test_bad_orders_are_refused_with_the_fix(options, message):
 
 
 def test_bad_values_fail_when_the_state_is_built():
-    with pytest.raises(ValueError, match="ring_order='measured' is not one of"):
-        HookState(algorithm="ring", ring_order="measured")
+    with pytest.raises(ValueError, match="ring_order='fastest' is not one of"):
+        HookState(algorithm="ring", ring_order="fastest")
     assert HookState(algorithm="ring", ring_order=[1, 0]).algorithm_options["ring_order"] == (1, 0)
 
 
@@ -101,6 +107,50 @@ def test_the_drawings_follow_the_order():
 def test_options_resolve_to_hashable_values_for_the_schedule_cache():
     assert resolve_options("ring", {"ring_order": [2, 1, 0]})["ring_order"] == (2, 1, 0)
     assert checked_schedule("ring", 3, ring_order=[2, 1, 0]) is checked_schedule("ring", 3, ring_order=(2, 1, 0))
+
+
+def bandwidths(placement, *, inside=1e9, between=5e7, noise=0.05, seed=0):
+    """A probe's matrix: fast inside a node, slow between, each link off by up to ``noise``."""
+    rng = random.Random(seed)
+    p = len(placement)
+    return [[None if s == d else (inside if placement[s] == placement[d] else between) * (1 + rng.uniform(-noise, noise))
+             for d in range(p)] for s in range(p)]
+
+
+@pytest.mark.parametrize("placement", [
+    (0, 1, 0, 1), (0, 1, 0, 1, 0, 1), (0, 1, 2) * 3,  # exhaustive (p <= 9)
+    tuple(r % 3 for r in range(12)), tuple(r % 4 for r in range(16)), (0, 1) * 10,  # greedy + 2-opt
+])
+def test_the_measured_order_crosses_between_nodes_once_per_node(placement):
+    order = best_ring(bandwidths(placement))
+    assert sorted(order) == list(range(len(placement)))
+    nodes = len(set(placement))
+    assert ring_crossings(order, placement) == RingCrossings(total=nodes, busiest=1), order
+    # Rotated to start after a slow hop: consecutive places are whole nodes (what hierarchical reads).
+    size = len(placement) // nodes
+    assert all(len({placement[r] for r in order[i:i + size]}) == 1 for i in range(0, len(order), size)), order
+
+
+def test_the_measured_order_avoids_a_slow_link_and_takes_what_it_must_of_a_slow_nic():
+    flat = [[None if s == d else 5e7 for d in range(5)] for s in range(5)]
+    flat[1][2] = flat[2][1] = 1e7  # one slow cable
+    order = best_ring(flat)
+    assert {(order[i], order[(i + 1) % 5]) for i in range(5)}.isdisjoint({(1, 2), (2, 1)})
+    slow_nic = [[None if s == d else (1e7 if 3 in (s, d) else 5e7) for d in range(4)] for s in range(4)]
+    assert sorted(best_ring(slow_nic)) == [0, 1, 2, 3]  # every ring has two of rank 3's links: any will do
+    with pytest.raises(ValueError, match=r"no bandwidth measured for 2 link\(s\), e.g. 0->1"):
+        best_ring([[None, None, 1.0], [None, None, 1.0], [1.0, 1.0, None]])
+
+
+def test_the_group_settles_hosts_and_measured_and_nothing_else():
+    assert group_needs({"ring_order": "measured"}) == NEEDS_LINKS
+    assert group_needs({"ring_order": "hosts", "node_of": None}) == NEEDS_NODES
+    assert group_needs({"ring_order": "hosts", "node_of": (0, 1)}) is None
+    assert group_needs({"ring_order": (1, 0)}) is None and group_needs({"segments": 2}) is None
+    assert settled({"ring_order": "measured", "node_of": None}, measured=(0, 2, 1, 3)) == {
+        "ring_order": (0, 2, 1, 3), "node_of": None}
+    assert settled({"ring_order": "hosts"}, nodes=(0, 1, 0, 1)) == {"ring_order": "hosts", "node_of": (0, 1, 0, 1)}
+    assert settled({"ring_order": "hosts"}, nodes=None) == {"ring_order": "hosts"}  # unknown: building names the fix
 
 
 WORLD = 3
@@ -185,8 +235,8 @@ def test_bench_takes_the_order_as_a_flag_and_checks_it_before_starting_ranks(cap
 
     assert main(["bench", "--nproc", "2", "--algorithms", "tree", "--ring-order", "hosts"]) == 2
     assert "--ring-order is an option of none of tree" in capfd.readouterr().err
-    assert main(["bench", "--nproc", "2", "--algorithms", "ring", "--ring-order", "measured"]) == 2
-    assert "ring: ring_order='measured' is not one of 'rank', 'hosts'" in capfd.readouterr().err
+    assert main(["bench", "--nproc", "2", "--algorithms", "ring", "--ring-order", "fastest"]) == 2
+    assert "ring: ring_order='fastest' is not one of 'rank', 'hosts', 'measured'" in capfd.readouterr().err
     quick = ["-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--no-progress"]
     assert main(["bench", "--nproc", "2", "--algorithms", "ring,tree", "--ring-order", "1,0", "--segments", "2", *quick]) == 0
     rows = [line.split() for line in capfd.readouterr().out.splitlines() if line.strip() and not line.startswith("#")]
@@ -205,7 +255,7 @@ def test_explain_and_animate_take_the_order_as_flags_and_show_it(tmp_path, capsy
     assert main(["explain", "--algorithm", "ring"]) == 0
     assert "ring order" not in capsys.readouterr().out  # the rank order: no line
     assert main(["explain", "--algorithm", "ring", "--ring-order", "0,1,2"]) == 2
-    assert "(on the command line: --ring-order rank|hosts|R0,R1,...)" in capsys.readouterr().err
+    assert "(on the command line: --ring-order rank|hosts|measured|R0,R1,...)" in capsys.readouterr().err
     assert main(["explain", "--algorithm", "ring", "--node-of", "0,x"]) == 2
     assert "node_of='0,x' must be one node number" in capsys.readouterr().err
     pytest.importorskip("matplotlib")

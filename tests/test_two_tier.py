@@ -13,8 +13,8 @@ import random
 import pytest
 
 from ddp_ring_hooks.cost_model import (
-    RingCrossings, hierarchical_uplink_cost, price, ring_crossings, ring_uplink_cost, simulate, uplink_terms,
-    uplink_traffic,
+    RingCrossings, TwoTier, hierarchical_uplink_cost, price, ring_crossings, ring_uplink_cost, simulate, two_tier_terms,
+    uplink_terms, uplink_traffic,
 )
 from ddp_ring_hooks.schedules import build_schedule, schedule_nodes, schedule_order
 
@@ -73,15 +73,17 @@ def test_ring_closed_form_equals_the_schedule_counted_and_simulated_with_shared_
     assert price(closed, N, **tiers) == pytest.approx(simulated, rel=1e-12)
 
 
-@pytest.mark.parametrize("world_size, local_size", [(4, 2), (6, 2), (6, 3), (8, 2), (8, 4), (12, 3), (16, 4)])
-def test_hierarchical_closed_form_equals_the_schedule_when_a_nodes_ranks_share_its_uplink(world_size, local_size):
-    closed = hierarchical_uplink_cost(world_size, ranks_per_node=local_size)
+@pytest.mark.parametrize("segments", [1, 3])
+@pytest.mark.parametrize("world_size, local_size", [(4, 2), (6, 2), (6, 3), (8, 2), (8, 4), (12, 3), (16, 4), (16, 8)])
+def test_hierarchical_closed_form_equals_the_schedule_when_a_nodes_ranks_share_its_uplink(world_size, local_size, segments):
+    closed = hierarchical_uplink_cost(world_size, ranks_per_node=local_size, segments=segments)
     tiers = {"alpha": 80e-6, "beta": 8e-9, "local_alpha": 5e-6, "local_beta": 1e-10, "gamma": 3e-11}
     # Placed node by node, and misplaced but fixed by ring_order="hosts": the same cost.
     misplaced = interleaved(world_size, world_size // local_size)
     for schedule in (
-        build_schedule("hierarchical", world_size, local_size=local_size),
-        build_schedule("hierarchical", world_size, local_size=local_size, ring_order="hosts", node_of=misplaced),
+        build_schedule("hierarchical", world_size, local_size=local_size, segments=segments),
+        build_schedule("hierarchical", world_size, local_size=local_size, segments=segments, ring_order="hosts",
+                       node_of=misplaced),
     ):
         placement = schedule_nodes(schedule)
         _same(uplink_terms(schedule, placement), closed)
@@ -97,6 +99,80 @@ def test_on_the_issue_network_hierarchical_takes_two_thirds_of_the_placed_ring_a
     hierarchical = price(hierarchical_uplink_cost(4, ranks_per_node=2), N, **uplink)
     assert crossing / ring == pytest.approx(2.0)
     assert hierarchical / ring == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("world_size, local_size, segments", [(4, 2, 4), (6, 3, 4), (8, 2, 3), (16, 8, 2)])
+def test_pipelined_hierarchical_keeps_the_uplink_busy_with_one_segment_at_a_time(world_size, local_size, segments):
+    """Segment j starts 2(N-1) steps after segment j-1: in the inter-node phase every step moves
+    one segment's shard pieces through each uplink, n/(kN) each way, and nothing else crosses;
+    only the first and the last G-1 steps stay inside the nodes."""
+    k, nodes = segments, world_size // local_size
+    schedule = build_schedule("hierarchical", world_size, local_size=local_size, segments=k)
+    placement = blocks(world_size, local_size)
+    assert [(name, stop - start) for name, start, stop in schedule.phases] == [
+        ("intra-node reduce-scatter", local_size - 1), ("inter-node all-reduce", 2 * (nodes - 1) * k),
+        ("intra-node all-gather", local_size - 1),
+    ]
+    chunk = N / schedule.num_chunks
+    for name, start, stop in schedule.phases:
+        for step in schedule.steps[start:stop]:
+            leaving = {node: 0.0 for node in range(nodes)}
+            for t in step.transfers:
+                if placement[t.src] != placement[t.dst]:
+                    leaving[placement[t.src]] += chunk
+            expected = N / (k * nodes) if name == "inter-node all-reduce" else 0.0
+            assert list(leaving.values()) == pytest.approx([expected] * nodes), (name, leaving)
+    assert uplink_traffic(schedule, N, placement).busiest == pytest.approx(2 * (nodes - 1) / nodes * N)
+
+
+def test_segments_follow_the_buffer_unless_given():
+    sized = {n: dict(build_schedule("hierarchical", 4, local_size=2, nbytes=n).options)["segments"]
+             for n in (0, 4096, 1 << 20, 3 << 20, 4 << 20, 16 << 20, 1 << 30)}
+    assert sized == {0: 1, 4096: 1, 1 << 20: 1, 3 << 20: 3, 4 << 20: 4, 16 << 20: 8, 1 << 30: 8}
+    assert dict(build_schedule("hierarchical", 4, local_size=2, segments=2, nbytes=16 << 20).options)["segments"] == 2
+    dbt = {n: dict(build_schedule("double_binary_tree", 4, nbytes=n).options)["segments"] for n in (0, 64 << 10, 16 << 20)}
+    assert dbt == {0: 1, 64 << 10: 1, 16 << 20: 32}
+
+
+LAB = {"alpha": 200e-6, "beta": 1 / 50e6, "local_alpha": 50e-6, "local_beta": 1 / 1e9}  # 400 Mbit/s uplinks
+
+
+@pytest.mark.parametrize("world_size, local_size", [(4, 2), (6, 3), (8, 2)])
+def test_two_tier_network_prices_every_algorithm_from_its_schedule_or_the_closed_form_that_equals_it(world_size, local_size):
+    network = TwoTier(**LAB, ranks_per_node=local_size)
+    placement = network.nodes(world_size)
+    misplaced = interleaved(world_size, world_size // local_size)
+    cases = [(a, {}) for a in ("ring", "tree", "double_binary_tree", "halving_doubling", "naive")] + [
+        ("ring", {"ring_order": "hosts", "node_of": misplaced}),
+        ("hierarchical", {"local_size": local_size}),
+        ("hierarchical", {"local_size": local_size, "segments": 3}),
+        ("hierarchical", {"local_size": local_size, "ring_order": "hosts", "node_of": misplaced}),  # counted
+    ]
+    for algorithm, options in cases:
+        counted = uplink_terms(build_schedule(algorithm, world_size, nbytes=int(N), **options), placement)
+        _same(two_tier_terms(algorithm, world_size, placement, nbytes=N, **options), counted)
+        assert network.predict(algorithm, N, world_size, **options) == pytest.approx(price(counted, N, **LAB), rel=1e-12)
+    assert network.predict("native", N, world_size) == network.predict("ring", N, world_size)  # priced as the ring
+
+
+def test_on_the_lab_network_hierarchical_wins_and_a_misplaced_ring_loses_by_its_crossings():
+    placed, misplaced = TwoTier(**LAB, ranks_per_node=2), TwoTier(**LAB, placement=(0, 1, 0, 1))
+    n = 16 << 20
+    assert placed.predict("hierarchical", n, 4, local_size=2) / placed.predict("ring", n, 4) == pytest.approx(0.68, abs=0.02)
+    assert misplaced.predict("ring", n, 4) / placed.predict("ring", n, 4) == pytest.approx(2.0, abs=0.01)
+    fixed = misplaced.predict("ring", n, 4, ring_order="hosts", node_of=(0, 1, 0, 1))
+    assert fixed == pytest.approx(placed.predict("ring", n, 4))
+    # Large world sizes come from the closed forms at once, not from 500-rank schedules.
+    assert TwoTier(**LAB, ranks_per_node=8).predict("hierarchical", n, 512, local_size=8) > 0
+
+
+def test_a_two_tier_network_must_know_the_ranks_nodes():
+    with pytest.raises(ValueError, match="give placement=.* or ranks_per_node=G, not both"):
+        TwoTier(**LAB)
+    with pytest.raises(ValueError, match="this network places 4 ranks, not 6"):
+        TwoTier(**LAB, placement=(0, 0, 1, 1)).predict("ring", N, 6)
+    with pytest.raises(ValueError, match="nodes of 4 ranks do not divide 6 ranks"):
+        TwoTier(**LAB, ranks_per_node=4).nodes(6)
 
 
 def test_one_nic_per_rank_is_every_rank_its_own_node():

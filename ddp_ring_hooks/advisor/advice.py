@@ -4,6 +4,7 @@
 
     {"run": {"world_size", "algorithm", "accumulate", "bucket_cap_mb", "steps", "step_ms",
              "compute_ms", "comm_ms", "exposed_ms"},
+     "rank_order": {"crossings", "fewest", "busiest", "speedup", "calibrated", "line"} or None,   # what the order costs
      "what_if": [{"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup", "this_run"}, ...],
      "recommendation": {"knob", "value", "speedup", "why"},
      "model": {...}}       # how the numbers were made: network, contention, notes
@@ -24,6 +25,7 @@ from dataclasses import replace
 from ..schedules import algorithm_names
 from .network import NATIVE, Network, from_run
 from .profile import TimelineRecord, profile_run
+from .ring_order import RingOrderNote, ring_order_note
 from .step_model import Setting, StepModel, run_setting, setting_options
 
 BUCKET_CAPS_MB = (1, 5, 10, 25, 50, 100)
@@ -40,6 +42,16 @@ def step_model(records: Sequence[TimelineRecord], *, network: Network | None = N
         samples=[(b.nbytes, b.comm_ms) for b in profile.buckets], options=setting_options(profile, run_setting(profile)),
     )
     return StepModel(profile, run_network, network or run_network)
+
+
+def ring_order_of_run(model: StepModel) -> RingOrderNote | None:
+    """What the run's rank order cost (a ring run whose ranks' nodes are known), priced with the
+    run's own fit at its largest bucket (:mod:`.ring_order`)."""
+    p = model.profile
+    if p.algorithm != "ring" or not p.buckets:
+        return None
+    return ring_order_note(order=p.ring, nodes=p.nodes, calibration=model.run_network.calibration("ring"),
+                           nbytes=max(b.nbytes for b in p.buckets))
 
 
 def world_sizes(p: int) -> list[int]:
@@ -152,7 +164,9 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
         f"{NATIVE}: the group's own all_reduce, costed with the ring formula on this network (not measured)"
         if NATIVE not in model.network.calibrations else f"{NATIVE}: fitted to its bench records",
     ]
+    ring = ring_order_of_run(model)
     return {
+        "rank_order": None if ring is None else ring.as_dict(),
         "run": {
             "world_size": p.world_size, "algorithm": p.algorithm, "accumulate": p.accumulate,
             "bucket_cap_mb": p.bucket_cap_mb, "steps": p.steps, "step_ms": p.step_ms,
@@ -205,6 +219,8 @@ def format_advice(advice: dict) -> str:
             lines.append(f"  ({size} is bucket_cap_mb={size} given explicitly, not this run: an explicit cap also "
                          f"makes the first bucket {size} MB, where DDP's default starts with a 1 MiB one)")
         lines.append("")
+    if advice.get("rank_order"):
+        lines.append(f"ring order: {advice['rank_order']['line']}")
     rec = advice["recommendation"]
     if rec["knob"] is None:
         lines.append(f"recommendation: keep the setting; {rec['why']}")

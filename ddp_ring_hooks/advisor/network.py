@@ -12,6 +12,9 @@ per algorithm, ``"*"`` for the rest):
 - :func:`from_bench`: ``ddp-ring-hooks bench --json`` records from the target cluster, one
   fit per algorithm (``native`` included, ring-shaped), measured outside training.
 - :func:`from_latency_bandwidth`: ``--latency 5us --bandwidth 25GB/s``, for every algorithm.
+- :func:`from_two_tier`: a :class:`~ddp_ring_hooks.cost_model.TwoTier` network (nodes whose
+  ranks share one uplink; ``advise --placement``): every algorithm priced from its schedule
+  on it, the ring's crossings and the hierarchy's shard included.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..cost_model import Calibration, bytes_sent_per_rank, coefficients, fit
+from ..cost_model import Calibration, TwoTier, bytes_sent_per_rank, coefficients, fit
 from ..schedules import algorithm_names, build_schedule, formula_for, get_algorithm
 
 NATIVE = "native"
@@ -65,12 +68,16 @@ class Network:
     calibrations: Mapping[str, Calibration]
     source: str
     from_this_run: bool = False
+    two_tier: TwoTier | None = None  # prices every algorithm when given
 
     def calibration(self, algorithm: str) -> Calibration:
         return self.calibrations.get(algorithm) or self.calibrations[ANY]
 
     def cost_ms(self, algorithm: str, nbytes: float, world_size: int, **options) -> float:
-        """Predicted ms to all-reduce one bucket of ``nbytes`` over ``world_size`` ranks."""
+        """Predicted ms to all-reduce one bucket of ``nbytes`` over ``world_size`` ranks (a
+        ``ValueError`` when a two-tier network has no shape for ``world_size`` ranks)."""
+        if self.two_tier is not None:
+            return 1e3 * self.two_tier.predict(formula_of(algorithm), nbytes, world_size, **options)
         return 1e3 * self.calibration(algorithm).predict(formula_of(algorithm), nbytes, world_size, **options)
 
     def as_dict(self) -> dict:
@@ -141,3 +148,16 @@ def from_latency_bandwidth(*, latency_s: float, bandwidth_Bps: float) -> Network
         raise ValueError(f"latency must be >= 0 and bandwidth > 0, got {latency_s} s and {bandwidth_Bps} B/s")
     return Network({ANY: Calibration(latency_s, 1.0 / bandwidth_Bps)},
                    f"given: latency {latency_s * 1e6:g} us, bandwidth {bandwidth_Bps / 1e9:g} GB/s")
+
+
+def from_two_tier(network: TwoTier) -> Network:
+    """Every algorithm priced on ``network`` (two tiers: each node's ranks share its uplink)."""
+    where = (f"nodes of {network.ranks_per_node} ranks" if network.placement is None
+             else f"nodes {', '.join(map(str, network.placement))}")
+    return Network(
+        {ANY: Calibration(network.alpha, network.beta)},
+        f"given, two tiers ({where}): uplink latency {network.alpha * 1e6:g} us, {1e-9 / network.beta:g} GB/s; "
+        f"inside a node {network.local_alpha * 1e6:g} us, {1e-9 / network.local_beta:g} GB/s"
+        if network.beta and network.local_beta else "given, two tiers",
+        two_tier=network,
+    )

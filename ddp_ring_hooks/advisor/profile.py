@@ -75,6 +75,9 @@ class RunProfile:
     buckets: tuple[BucketProfile, ...]
     #: A ``no_sync`` micro-batch as measured (k > 1 runs); ``None`` at k = 1.
     nosync_micro_ms: float | None = None
+    #: The node of each rank and the ring's order, as the run recorded them (``None``: unknown).
+    nodes: tuple[int, ...] | None = None
+    ring: tuple[int, ...] | None = None
 
     @property
     def clean_micro_ms(self) -> float:
@@ -169,7 +172,7 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
         steps=len(steps), accumulate=k, step_ms=step_ms, forward_ms=forward, backward_ms=backward,
         exposed_ms=exposed, optimizer_ms=optimizer, rest_ms=rest, comm_ms=comm, hidden_ms=hidden,
         contention_ms=contention, contention_source=source, buckets=buckets,
-        nosync_micro_ms=micro if k > 1 else None,
+        nosync_micro_ms=micro if k > 1 else None, nodes=run.nodes, ring=run.ring,
     )
 
 

@@ -34,7 +34,7 @@ def add_option_arguments(parser, *, when_needed: str = "") -> None:
     an optional one without a default says in its ``doc`` what happens when it is left out."""
     for name, (option, owners) in sorted(options_by_name().items()):
         takers = " and ".join(", ".join(owners).rsplit(", ", 1))
-        default = f" (default: {option.default})" if option.default is not None else ""
+        default = _defaults(name, owners)
         if option.required:
             default = when_needed.format(algorithms=takers)
         try:
@@ -46,6 +46,24 @@ def add_option_arguments(parser, *, when_needed: str = "") -> None:
             raise ValueError(
                 f"the {name} option of {takers} clashes with a flag of the command itself ({error}); rename the option"
             ) from None
+
+
+def _defaults(name: str, owners: tuple[str, ...]) -> str:
+    """`` (default: 1)``; `` (default: 1 for tree, by buffer size for hierarchical)`` when the
+    algorithms that share an option differ in its default; nothing for a default of ``None``."""
+    shown: dict[str, list[str]] = {}
+    for owner in owners:
+        option = get_algorithm(owner).option(name)
+        if option.default is None and option.per_size is not None:
+            shown.setdefault("by buffer size", []).append(owner)
+        elif option.default is not None:
+            shown.setdefault(str(option.default), []).append(owner)
+    if not shown:
+        return ""
+    if len(shown) == 1 and len(next(iter(shown.values()))) == len(owners):
+        return f" (default: {next(iter(shown))})"
+    parts = [f"{value} for {' and '.join(names)}" for value, names in shown.items()]
+    return f" (default: {', '.join(parts)})"
 
 
 def given_options(args: argparse.Namespace) -> dict[str, object]:

@@ -7,6 +7,8 @@ accumulation, algorithm, world size) and the one change with the largest predict
     ddp-ring-hooks advise runs/ring                                   # this run's network
     ddp-ring-hooks advise runs/ring --network bench.json              # `bench --json` of the target cluster
     ddp-ring-hooks advise runs/ring --latency 5us --bandwidth 25GB/s  # or two numbers
+    ddp-ring-hooks advise runs/ring --latency 200us --bandwidth 400Mb/s --placement 2 \
+        --local-latency 50us --local-bandwidth 1GB/s                  # or two tiers: nodes of 2 share an uplink
     ddp-ring-hooks advise runs/ring --json                            # the stable JSON shape
 
 A directory of several runs (the main job's ``runs/accumulation_sweep/version_N``, one run
@@ -23,10 +25,10 @@ import re
 import sys
 from pathlib import Path
 
-from ..advisor import advise, format_advice, from_bench, from_latency_bandwidth
+from ..advisor import advise, format_advice, from_bench, from_latency_bandwidth, from_two_tier
 from ..telemetry.timeline import TIMELINE_FILE, read_timeline
 from . import fail
-from .model import parse_bandwidth, parse_time
+from .model import parse_bandwidth, parse_time, two_tier_network
 
 
 def add_parser(subparsers) -> None:
@@ -40,6 +42,11 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--network", metavar="FILE", help="`ddp-ring-hooks bench --json` output from the target cluster")
     parser.add_argument("--latency", help="per-message latency of the target network, e.g. 5us (with --bandwidth)")
     parser.add_argument("--bandwidth", help="link bandwidth of the target network, e.g. 25GB/s (with --latency)")
+    parser.add_argument("--placement", metavar="G|N0,N1,...",
+                        help="two tiers (with --latency/--bandwidth, each node's uplink): nodes of G consecutive ranks, "
+                             "or the node of each rank, whose ranks share one uplink")
+    parser.add_argument("--local-latency", help="two tiers: latency inside a node (default: --latency)")
+    parser.add_argument("--local-bandwidth", help="two tiers: bandwidth inside a node (default: --bandwidth)")
     parser.add_argument("--json", action="store_true", help="print the advice as JSON (the stable shape)")
     parser.set_defaults(func=run)
 
@@ -61,6 +68,15 @@ def network_from_args(args: argparse.Namespace):
         return from_bench(records)
     if bool(args.latency) != bool(args.bandwidth):
         raise ValueError("--latency and --bandwidth go together, e.g. --latency 5us --bandwidth 25GB/s")
+    if (args.local_latency or args.local_bandwidth) and not args.placement:
+        raise ValueError("--local-latency and --local-bandwidth describe two tiers: give --placement too")
+    if args.placement:
+        if not args.latency:
+            raise ValueError("--placement needs the uplink's --latency and --bandwidth")
+        params = {"alpha": parse_time(args.latency), "beta": 1 / parse_bandwidth(args.bandwidth), "gamma": 0.0}
+        local = {"local_alpha": parse_time(args.local_latency) if args.local_latency else None,
+                 "local_beta": 1 / parse_bandwidth(args.local_bandwidth) if args.local_bandwidth else None}
+        return from_two_tier(two_tier_network(args.placement, params, local))
     if args.latency:
         return from_latency_bandwidth(latency_s=parse_time(args.latency), bandwidth_Bps=parse_bandwidth(args.bandwidth))
     return None

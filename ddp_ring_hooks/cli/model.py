@@ -5,6 +5,14 @@ world sizes side by side, and the two lessons the numbers teach printed under th
 
     $ ddp-ring-hooks model --size 1GB --world-sizes 4,8,64 --bandwidth 100GB/s --latency 5us
 
+On two tiers (``--placement``: nodes whose ranks share one uplink) every row is priced from
+its schedule on that network (:class:`~ddp_ring_hooks.cost_model.TwoTier`): ``--bandwidth``
+and ``--latency`` are each node's uplink, ``--local-bandwidth`` and ``--local-latency`` the
+links inside a node::
+
+    $ ddp-ring-hooks model --size 16M --world-sizes 4,8 --placement 2 --local-size 2 \
+        --bandwidth 400Mb/s --latency 200us --local-bandwidth 1GB/s --local-latency 50us
+
 Sizes are binary (K, KB, KiB = 1024 bytes, as ``bench`` reads them); bandwidths are decimal,
 as links are quoted: ``GB/s`` = 1e9 bytes/s, ``GiB/s`` = 2^30, bits as ``Gb/s`` or ``Gbit/s``;
 latencies ns, us (µs), ms, s.
@@ -17,7 +25,7 @@ import re
 import textwrap
 from collections.abc import Mapping
 
-from ..cost_model import coefficients, predict
+from ..cost_model import TwoTier, coefficients, predict
 from ..schedules import algorithm_names, check_given_options, get_algorithm, options_for
 from ..units import SIZE_HELP, parse_size  # noqa: F401 - one size parser for every command
 from ..units import format_bytes as format_size
@@ -66,7 +74,7 @@ def _split(text: str, what: str, examples: str) -> tuple[float, str]:
 def format_bytes(nbytes: float) -> str:
     """``1.0 GB``, ``64 KB``: powers of 1000, as bandwidths are quoted."""
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if nbytes >= scale:
+        if nbytes >= scale * (1 - 1e-9):  # 1 / (1 / 1e9) is a hair under 1e9
             return f"{nbytes / scale:.3g} {unit}"
     return f"{nbytes:.3g} B"
 
@@ -85,8 +93,14 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--latency", default="5us", help="per-message latency alpha, e.g. 5us (default: 5us)")
     parser.add_argument("--reduce-bandwidth", default=None, help="rate of local additions, e.g. 400GB/s (gamma = 1/rate; default: free)")
     add_option_arguments(parser, when_needed="; adds the {algorithms} row")
-    parser.add_argument("--local-bandwidth", default=None, help="intra-node bandwidth for hierarchical (default: --bandwidth)")
-    parser.add_argument("--local-latency", default=None, help="intra-node latency for hierarchical (default: --latency)")
+    parser.add_argument("--local-bandwidth", default=None,
+                        help="bandwidth of the links inside a node (hierarchical's; every row's with --placement; "
+                             "default: --bandwidth)")
+    parser.add_argument("--local-latency", default=None, help="latency inside a node (default: --latency)")
+    parser.add_argument("--placement", default=None, metavar="G|N0,N1,...",
+                        help="two tiers: nodes of G consecutive ranks, or the node of each rank (e.g. 0,1,0,1), "
+                             "whose ranks share one uplink at --bandwidth/--latency; every row is priced from its "
+                             "schedule on that network")
     parser.add_argument("--algorithms", default=",".join(priced_without_options()),
                         help="comma-separated rows (default: every algorithm the model prices with its options' "
                              "defaults; one that needs an option joins when the option is given)")
@@ -107,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
             "local_alpha": parse_time(args.local_latency) if args.local_latency else None,
             "local_beta": 1 / parse_bandwidth(args.local_bandwidth) if args.local_bandwidth else None,
         }
+        network = two_tier_network(args.placement, params, local)
         algorithms = [a.strip() for a in args.algorithms.split(",")]
         given = given_options(args)
         algorithms += [a for a in algorithms_needing(given) if a not in algorithms]
@@ -120,8 +135,23 @@ def run(args: argparse.Namespace) -> int:
     for index, nbytes in enumerate(sizes):
         if index:
             print()
-        print(render_table(nbytes, world_sizes, algorithms, params, local, given))
+        print(render_table(nbytes, world_sizes, algorithms, params, local, given, network=network))
     return 0
+
+
+def two_tier_network(placement: str | None, params: dict, local: dict) -> TwoTier | None:
+    """``--placement`` as a :class:`TwoTier` network (``None`` without it): ``G`` or ``N0,N1,...``."""
+    if placement is None:
+        return None
+    nodes = [int(word) for word in placement.split(",")]
+    where = {"ranks_per_node": nodes[0]} if len(nodes) == 1 else {"placement": tuple(nodes)}
+    if len(nodes) == 1 and nodes[0] < 1:
+        raise ValueError(f"--placement {placement}: a node holds at least one rank")
+    return TwoTier(
+        alpha=params["alpha"], beta=params["beta"], gamma=params["gamma"],
+        local_alpha=params["alpha"] if local["local_alpha"] is None else local["local_alpha"],
+        local_beta=params["beta"] if local["local_beta"] is None else local["local_beta"], **where,
+    )
 
 
 def priced_without_options() -> list[str]:
@@ -158,14 +188,21 @@ def row_name(algorithm: str, options: Mapping[str, object]) -> str:
     return f"{algorithm} ({', '.join(shown)})" if shown else algorithm
 
 
-def render_table(nbytes, world_sizes, algorithms, params, local, given: Mapping[str, object]) -> str:
+def render_table(nbytes, world_sizes, algorithms, params, local, given: Mapping[str, object], *,
+                 network: TwoTier | None = None) -> str:
     """The table for one size plus the lines that explain it; ``given``: the options given on
-    the command line, each row taking those of its algorithm."""
+    the command line, each row taking those of its algorithm; ``network``: two tiers, every
+    row priced on it."""
     gamma = f", gamma {params['gamma'] * 1e12:.3g} ps/B" if params["gamma"] else ""
     lines = [
         f"all-reduce of {format_size(nbytes)} per rank: alpha {format_seconds(params['alpha'])}, "
         f"bandwidth {format_bytes(1 / params['beta'])}/s{gamma}",
     ]
+    if network is not None:
+        where = (f"nodes of {network.ranks_per_node} ranks" if network.placement is None
+                 else f"nodes {', '.join(map(str, network.placement))}")
+        lines[0] = (f"{lines[0]} per node's uplink, shared by its ranks ({where}); inside a node alpha "
+                    f"{format_seconds(network.local_alpha)}, bandwidth {format_bytes(1 / network.local_beta)}/s")
     header = ["algorithm"] + [f"p={p}" for p in world_sizes]
     rows = [header]
     for algorithm in algorithms:
@@ -176,13 +213,20 @@ def render_table(nbytes, world_sizes, algorithms, params, local, given: Mapping[
         cells = [row_name(algorithm, options)]
         for p in world_sizes:
             try:
-                cells.append(format_seconds(predict(algorithm, nbytes, p, **params, **local, **options)))
+                if network is not None:
+                    cells.append(format_seconds(network.predict(algorithm, nbytes, p, **options)))
+                else:
+                    cells.append(format_seconds(predict(algorithm, nbytes, p, **params, **local, **options)))
             except ValueError:  # no formula, or options that do not fit p ranks (a node size not dividing p)
                 cells.append("-")
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
-    notes = explain(nbytes, world_sizes, params, given)
+    notes = explain(nbytes, world_sizes, params, given) if network is None else [
+        "", "two tiers: a step that crosses nodes waits for the busiest uplink, which carries every crossing "
+        "hop of its node's ranks; the ring pushes 2(p-1)/p*n*h through it (h: its hops leaving one node, 1 when "
+        "ranked node by node), hierarchical 2(N-1)/N*n on N nodes (docs/algorithms.md, Two tiers).",
+    ]
     notes += [no_formula_note(a) for a in algorithms if get_algorithm(a).cost is None]
     lines += [textwrap.fill(line, width=100, subsequent_indent="  ") for line in notes]
     return "\n".join(lines)

@@ -6,6 +6,7 @@
     fit_per_algorithm(bench_records)                        # {algorithm: Calibration}
     simulate(schedule, nbytes, placement=..., shared_uplinks=True, ...)  # nodes sharing uplinks
     price(uplink_terms(schedule, placement), nbytes, alpha=..., beta=..., local_alpha=..., local_beta=...)
+    TwoTier(alpha=..., beta=..., local_alpha=..., local_beta=..., ranks_per_node=G).predict(algorithm, nbytes, p)
 
 Pure Python: no torch import, so it runs anywhere the schedules do.
 """
@@ -14,12 +15,12 @@ from .fit import Calibration, fit, fit_per_algorithm, fit_records
 from .formulas import coefficients, cost_terms, predict, price
 from .schedule_costs import bytes_sent_per_rank, count_steps, simulate
 from .two_tier import (
-    RingCrossings, UplinkTraffic, hierarchical_uplink_cost, ring_crossings, ring_uplink_cost, uplink_terms,
-    uplink_traffic,
+    RingCrossings, TwoTier, UplinkTraffic, hierarchical_uplink_cost, ring_crossings, ring_uplink_cost, two_tier_terms,
+    uplink_terms, uplink_traffic,
 )
 
 __all__ = [
-    "Calibration", "RingCrossings", "UplinkTraffic", "bytes_sent_per_rank", "coefficients", "cost_terms", "count_steps",
+    "Calibration", "RingCrossings", "TwoTier", "UplinkTraffic", "bytes_sent_per_rank", "coefficients", "cost_terms", "count_steps",
     "fit", "fit_per_algorithm", "fit_records", "hierarchical_uplink_cost", "predict", "price", "ring_crossings",
-    "ring_uplink_cost", "simulate", "uplink_terms", "uplink_traffic",
+    "ring_uplink_cost", "simulate", "two_tier_terms", "uplink_terms", "uplink_traffic",
 ]

@@ -110,7 +110,7 @@ def fit_per_algorithm(records: Iterable[Mapping], **options) -> dict[str, Calibr
 
 def _terms(algorithm: str, nbytes: float, world_size: int, options: Mapping) -> tuple[float, float]:
     """The coefficients ``(A, B)`` of α and β in the algorithm's formula."""
-    messages, bytes_per_byte, _ = coefficients(algorithm, world_size, **options)
+    messages, bytes_per_byte, _ = coefficients(algorithm, world_size, nbytes=nbytes, **options)
     return messages, bytes_per_byte * nbytes
 
 

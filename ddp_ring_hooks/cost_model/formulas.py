@@ -31,9 +31,10 @@ from __future__ import annotations
 from ..schedules import CostTerms, get_algorithm, resolve_options
 
 
-def cost_terms(algorithm: str, world_size: int, **options) -> CostTerms:
+def cost_terms(algorithm: str, world_size: int, *, nbytes: float = 0, **options) -> CostTerms:
     """The algorithm's :class:`~ddp_ring_hooks.schedules.CostTerms` for ``world_size`` ranks,
-    from its registry record (options checked and resolved there)."""
+    from its registry record (options checked and resolved there; those chosen by size, such
+    as hierarchical's ``segments``, for an ``nbytes`` buffer)."""
     record = get_algorithm(algorithm)
     if record.cost is None:
         raise ValueError(
@@ -42,7 +43,7 @@ def cost_terms(algorithm: str, world_size: int, **options) -> CostTerms:
         )
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
-    return record.cost(world_size, **resolve_options(algorithm, options))
+    return record.cost(world_size, **resolve_options(algorithm, options, nbytes=int(nbytes)))
 
 
 def predict(
@@ -69,7 +70,7 @@ def predict(
         >>> predict("ring", 1e9, 64, alpha=5e-6, beta=1e-11)   # 1 GB at 100 GB/s
         0.0203...
     """
-    terms = cost_terms(algorithm, world_size, **options)
+    terms = cost_terms(algorithm, world_size, nbytes=nbytes, **options)
     return price(terms, nbytes, alpha=alpha, beta=beta, gamma=gamma, local_alpha=local_alpha, local_beta=local_beta)
 
 
@@ -96,13 +97,14 @@ def price(
     )
 
 
-def coefficients(algorithm: str, world_size: int, **options) -> tuple[float, float, float]:
+def coefficients(algorithm: str, world_size: int, *, nbytes: float = 0, **options) -> tuple[float, float, float]:
     """``(a, b, c)`` such that :func:`predict` is ``a·α + n·(b·β + c·γ)`` when links inside a
     node cost what links between nodes do: messages on the critical path, and bytes sent and
-    bytes added there per byte of the buffer.
+    bytes added there per byte of the buffer (of an ``nbytes`` buffer, for the options chosen
+    by size).
 
         >>> coefficients("ring", 4)
         (6, 1.5, 0.75)
     """
-    terms = cost_terms(algorithm, world_size, **options)
+    terms = cost_terms(algorithm, world_size, nbytes=nbytes, **options)
     return terms.messages + terms.local_messages, terms.bytes + terms.local_bytes, terms.reduced

@@ -31,16 +31,31 @@ leave one node, 1 when the ranks are placed node by node)::
 The hierarchical's inter-node phase moves ``2(N-1)/N · n`` through each uplink: the ``G`` rings
 across the nodes run side by side on shards of ``n/G``, and all ``G`` go through the same
 uplink (with one NIC per rank instead, each carries its own ``2(N-1)/(NG) · n``: the
-registry's ``hierarchical_cost``).
+registry's ``hierarchical_cost``). Pipelined in ``k`` segments it pays ``2(N-1)k`` uplink
+latencies and hides all but ``2(G-1)/k`` of its intra-node bytes behind the uplink.
+
+A network of this shape is described by :class:`TwoTier` (the uplink's ``α, β``, the links
+inside a node, which rank is on which node); ``TwoTier.predict`` prices any algorithm on it,
+for ``model --placement``, ``auto``'s ``network=`` and the advisor.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..schedules import CostTerms, Op, Schedule
+from ..schedules import (
+    CostTerms, Op, RingCrossings, Schedule, build_schedule, formula_for, get_algorithm, hierarchical_uplink_cost,
+    resolve_options, ring_crossings, ring_uplink_cost,
+)
+from .formulas import price
+
+__all__ = [
+    "RingCrossings", "TwoTier", "UplinkTraffic", "hierarchical_uplink_cost", "ring_crossings", "ring_uplink_cost",
+    "two_tier_terms", "uplink_terms", "uplink_traffic",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +72,6 @@ class UplinkTraffic:
         return max([*self.sent.values(), *self.received.values()], default=0.0)
 
 
-@dataclass(frozen=True, slots=True)
-class RingCrossings:
-    """How a ring order meets the node boundaries: ``total`` hops between nodes, and the most
-    hops that leave one node (``busiest``: chunks through its uplink per ring step)."""
-
-    total: int
-    busiest: int
-
-
 def uplink_traffic(schedule: Schedule, nbytes: float, placement: Sequence[int]) -> UplinkTraffic:
     """The bytes each node's uplink carries out and in while ``schedule`` all-reduces ``nbytes``."""
     _check_nodes(schedule, placement)
@@ -78,24 +84,6 @@ def uplink_traffic(schedule: Schedule, nbytes: float, placement: Sequence[int]) 
                 sent[placement[t.src]] += chunk
                 received[placement[t.dst]] += chunk
     return UplinkTraffic(sent, received)
-
-
-def ring_crossings(order: Sequence[int], placement: Sequence[int]) -> RingCrossings:
-    """How often the ring ``order[0] -> order[1] -> ... -> order[0]`` crosses a node boundary.
-
-        >>> ring_crossings((0, 1, 2, 3), placement=(0, 1, 0, 1))
-        RingCrossings(total=4, busiest=2)
-        >>> ring_crossings((0, 2, 1, 3), placement=(0, 1, 0, 1))
-        RingCrossings(total=2, busiest=1)
-    """
-    if sorted(order) != list(range(len(placement))):
-        raise ValueError(f"order {tuple(order)} is not an order of the {len(placement)} ranks placement describes")
-    leaving: dict[int, int] = defaultdict(int)
-    for place, rank in enumerate(order):
-        after = order[(place + 1) % len(order)]
-        if placement[rank] != placement[after]:
-            leaving[placement[rank]] += 1
-    return RingCrossings(total=sum(leaving.values()), busiest=max(leaving.values(), default=0))
 
 
 def uplink_terms(schedule: Schedule, placement: Sequence[int]) -> CostTerms:
@@ -118,35 +106,89 @@ def uplink_terms(schedule: Schedule, placement: Sequence[int]) -> CostTerms:
                 uplinks[("in", placement[t.dst])] += chunk
         if not links:
             continue
-        reduced += max(added.values(), default=0.0)
-        if uplinks:
+        if uplinks:  # the uplink sets the step's pace: its links' additions are the ones that count
             messages += 1
             moved += max(uplinks.values())
+            reduced += max((v for (src, dst), v in added.items() if placement[src] != placement[dst]), default=0.0)
         else:
+            reduced += max(added.values(), default=0.0)
             local_messages += 1
             local_moved += max(links.values())
     return CostTerms(messages=messages, bytes=moved, reduced=reduced, local_messages=local_messages, local_bytes=local_moved)
 
 
-def ring_uplink_cost(world_size: int, *, crossings: RingCrossings) -> CostTerms:
-    """The ring's closed form on two tiers: ``2(p-1)`` steps of ``n/p`` per link, ``h`` links of
-    them through the busiest uplink (``h = crossings.busiest``; none: all steps inside one node)."""
-    p = world_size
-    steps, share = 2 * (p - 1), (p - 1) / p
-    if crossings.busiest == 0:
-        return CostTerms(reduced=share, local_messages=steps, local_bytes=2 * share)
-    return CostTerms(messages=steps, bytes=2 * share * crossings.busiest, reduced=share)
+@dataclass(frozen=True, slots=True)
+class TwoTier:
+    """A two-tier network: each node's ranks share one uplink (``alpha``, ``beta``: seconds per
+    message, per byte), links inside a node cost ``local_alpha``, ``local_beta``.
+
+    Which rank is on which node: ``placement`` (the node of each rank, e.g. ``(0, 1, 0, 1)``),
+    or ``ranks_per_node`` (nodes of that many consecutive ranks, for any world size). The
+    lab's two-tier network at 400 Mbit/s, nodes of 2::
+
+        >>> TwoTier(alpha=100e-6, beta=1 / 50e6, local_alpha=20e-6, local_beta=1 / 1e9, ranks_per_node=2)
+    """
+
+    alpha: float
+    beta: float
+    local_alpha: float
+    local_beta: float
+    placement: tuple[int, ...] | None = None
+    ranks_per_node: int | None = None
+    gamma: float = 0.0
+
+    def __post_init__(self) -> None:
+        if (self.placement is None) == (self.ranks_per_node is None):
+            raise ValueError("TwoTier needs the ranks' nodes: give placement=(node of each rank) or ranks_per_node=G, not both")
+        if min(self.alpha, self.beta, self.local_alpha, self.local_beta, self.gamma) < 0:
+            raise ValueError("a TwoTier network's latencies and seconds per byte must be >= 0")
+        if self.placement is not None:
+            object.__setattr__(self, "placement", tuple(self.placement))
+
+    def nodes(self, world_size: int) -> tuple[int, ...]:
+        """The node of each of ``world_size`` ranks (a ``ValueError`` when the placement is of
+        another world size, or the node size does not divide it)."""
+        if self.placement is not None:
+            if len(self.placement) != world_size:
+                raise ValueError(f"this network places {len(self.placement)} ranks, not {world_size}")
+            return self.placement
+        if world_size % self.ranks_per_node:
+            raise ValueError(f"nodes of {self.ranks_per_node} ranks do not divide {world_size} ranks")
+        return tuple(rank // self.ranks_per_node for rank in range(world_size))
+
+    def terms(self, algorithm: str, nbytes: float, world_size: int, **options) -> CostTerms:
+        """The algorithm's cost terms on this network (:func:`two_tier_terms`)."""
+        return two_tier_terms(algorithm, world_size, self.nodes(world_size), nbytes=nbytes, **options)
+
+    def predict(self, algorithm: str, nbytes: float, world_size: int, **options) -> float:
+        """Predicted seconds to all-reduce ``nbytes`` with ``algorithm`` (its ``options``) here."""
+        return price(
+            self.terms(algorithm, nbytes, world_size, **options), nbytes, alpha=self.alpha, beta=self.beta,
+            gamma=self.gamma, local_alpha=self.local_alpha, local_beta=self.local_beta,
+        )
 
 
-def hierarchical_uplink_cost(world_size: int, *, ranks_per_node: int) -> CostTerms:
-    """The hierarchical's closed form when each node's ``G`` ranks share its uplink: rings inside
-    the nodes, then ``G`` rings across them whose shards all go through the same uplink."""
-    p, g = world_size, ranks_per_node
-    nodes = p // g
-    return CostTerms(
-        messages=2 * (nodes - 1), bytes=2 * (nodes - 1) / nodes, reduced=(p - 1) / p,
-        local_messages=2 * (g - 1), local_bytes=2 * (g - 1) / g,
-    )
+def two_tier_terms(algorithm: str, world_size: int, placement: Sequence[int], *, nbytes: float = 0, **options) -> CostTerms:
+    """``algorithm``'s cost terms when the ranks' nodes are ``placement`` and each node's ranks
+    share its uplink: the registry's closed form (``uplink_cost``: the ring's and the
+    hierarchical's, any world size at once) where it has one, else counted from the schedule
+    (:func:`uplink_terms`). An algorithm without a schedule is priced as the one it is fitted
+    as (``native`` as the ring); options chosen by size, for an ``nbytes`` buffer."""
+    name = formula_for(algorithm)
+    if len(placement) != world_size:
+        raise ValueError(f"placement names the nodes of {len(placement)} ranks, not {world_size}: give one node per rank")
+    resolved = resolve_options(name, options, nbytes=int(nbytes))
+    closed = get_algorithm(name).uplink_cost
+    terms = closed(world_size, tuple(placement), **resolved) if closed is not None else None
+    if terms is not None:
+        return terms
+    frozen = tuple(sorted((key, tuple(value) if isinstance(value, list) else value) for key, value in resolved.items()))
+    return _counted_terms(name, world_size, tuple(placement), frozen)
+
+
+@functools.lru_cache(maxsize=256)
+def _counted_terms(algorithm: str, world_size: int, placement: tuple[int, ...], options: tuple) -> CostTerms:
+    return uplink_terms(build_schedule(algorithm, world_size, **dict(options)), placement)
 
 
 def _check_nodes(schedule: Schedule, placement: Sequence[int]) -> None:

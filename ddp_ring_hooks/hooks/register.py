@@ -68,7 +68,10 @@ def register(
     state = HookState(process_group or ddp_model.process_group, algorithm, **options)
     validate_algorithm(state.algorithm, state.world_size, state.algorithm_options)
     ddp_model.register_comm_hook(state, ring_hook)
-    state.observation.attach(ddp_model, algorithm=algorithm, concurrent_buckets=state.concurrent_buckets, group=state.group)
+    state.observation.attach(
+        ddp_model, algorithm=algorithm, concurrent_buckets=state.concurrent_buckets, group=state.group,
+        run_facts={"nodes": state.nodes, "ring": state.ring},
+    )
     return state
 
 

@@ -33,6 +33,7 @@ reducer does, so it matches DDP without a hook bit for bit.
 from __future__ import annotations
 
 import difflib
+import warnings
 from collections.abc import Mapping
 
 import torch
@@ -42,18 +43,19 @@ from ..advisor import advise
 from ..runtime import ExecutionObserver, run_schedule, worker_for, workers_of
 from ..runtime import cuda_lane as cuda
 from ..runtime import directions
+from ..runtime.ring_orders import known_nodes, settle_ring_order
 from ..runtime.collectives import check_device_backend
 from ..runtime.errors import CommunicationError
 from ..runtime.names import NATIVE, check_algorithm_name, has_schedule
 from ..runtime.native import run_native
 from ..runtime.selection import AUTO, AutoSelector, auto_option_names
-from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options
+from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options, ring_order_of
 from ..telemetry import TELEMETRY_OPTIONS, Telemetry, TelemetryOptions
 from ..telemetry.observation import Observation
 from ..telemetry.stall import check_stall_timeout
 from ..telemetry.watcher import BucketWatch
 from . import checkpoint
-from .advice import advice_table
+from .advice import advice_table, placement_warning, ring_order_line
 from .errors import HookFailedError
 from .layout_check import BucketLayout, check_bucket_layout
 from .validation import validate_bucket, validate_group
@@ -152,6 +154,11 @@ class HookState:
         # Checked and resolved now (defaults filled in, LOCAL_WORLD_SIZE read once, here):
         # a typo fails at construction, not at the first backward.
         self.algorithm_options = options if algorithm == AUTO else _resolved(algorithm, options)
+        if algorithm != AUTO:  # every rank meets here: "hosts", "measured" settle on one order (auto: in its probe)
+            self.algorithm_options = settle_ring_order(self.algorithm_options, self.process_group)
+            misplaced = placement_warning(self)
+            if misplaced:
+                warnings.warn(misplaced, stacklevel=2)
         self.iteration = 0
         self.check_layout_steps = check_layout_steps
         self.concurrent_buckets = concurrent_buckets
@@ -201,11 +208,12 @@ class HookState:
 
     def schedule_for(self, buffer: torch.Tensor) -> Schedule | None:
         """The (checked, cached) schedule used for this buffer; ``None`` for ``native``."""
+        nbytes = buffer.numel() * buffer.element_size()
         if self._auto is not None:
-            algorithm, options = self._auto.choose(buffer.numel() * buffer.element_size())
+            algorithm, options = self._auto.choose(nbytes)
         else:
             algorithm, options = self.algorithm, self.algorithm_options
-        return checked_schedule(algorithm, self.world_size, **options) if has_schedule(algorithm) else None
+        return checked_schedule(algorithm, self.world_size, nbytes=nbytes, **options) if has_schedule(algorithm) else None
 
     def lanes_for(self, buffer: torch.Tensor, schedule: Schedule | None = None) -> int:
         """Worker lanes the buckets go to, round robin: ``concurrent_buckets`` on CPU; one with
@@ -352,9 +360,22 @@ class HookState:
 
     def summary(self) -> str:
         """The per-bucket communication summary table (count, p50/p90/max ms, bytes, busbw),
-        a line naming the rank that kept the others waiting (with ``spread_every``), and one
-        naming a slow link or network (with ``links=True``)."""
-        return self.telemetry.summary()
+        a line naming the rank that kept the others waiting (with ``spread_every``), one naming
+        a slow link or network (with ``links=True``), and one on what the ring's order costs when
+        it crosses the nodes more than it must."""
+        line = ring_order_line(self)
+        return self.telemetry.summary() + (f"\n{line}" if line else "")
+
+    @property
+    def nodes(self) -> tuple[int, ...] | None:
+        """The node of each rank of the group, as its ranks said when the state was built
+        (``GROUP_RANK``); ``None`` when they did not say."""
+        return known_nodes(self.process_group) if dist.is_available() and dist.is_initialized() else None
+
+    @property
+    def ring(self) -> tuple[int, ...] | None:
+        """The order the ring visits the ranks (``None``: the algorithm has no ring order)."""
+        return None if self.algorithm == AUTO else ring_order_of(self.algorithm_options, self.world_size)
 
     def advise(self, **options) -> dict:
         """What to change (bucket size, accumulation, algorithm, world size), predicted from this

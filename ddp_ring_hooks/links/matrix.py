@@ -7,6 +7,7 @@ whoever plans by the network (a ring order, the advisor)::
     matrix.rows()        # bytes/s, row = source, column = destination, None on the diagonal
     matrix.nodes         # the node of each rank, or None when the probe could not tell
     matrix.judge()       # the naming rule's verdict (ddp_ring_hooks.links.rule)
+    matrix.best_ring()   # the ring order whose slowest link is fastest (links.ring_order)
 
 The file (format ``ddp-ring-hooks links``, version 1) is one JSON object:
 
@@ -35,6 +36,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from .ring_order import best_ring
 from .rule import ALL, THRESHOLD, Link, LinkSample, LinkVerdict, judge_samples, recent_bandwidths
 
 FORMAT = "ddp-ring-hooks links"
@@ -69,6 +71,11 @@ class LinkMatrix:
         bandwidths = self.bandwidths
         every = ((s, d) for s in range(self.world_size) for d in range(self.world_size) if s != d)
         return [link for link in every if link not in bandwidths]
+
+    def best_ring(self) -> tuple[int, ...]:
+        """The ring order whose slowest link is fastest (:func:`~.ring_order.best_ring`): what
+        ``ring_order=`` takes, e.g. ``ring_order=load_link_matrix("links.json").best_ring()``."""
+        return best_ring(self.rows())
 
     def judge(self, *, threshold: float = THRESHOLD) -> LinkVerdict:
         """The naming rule on this matrix (medians over all repeats)."""

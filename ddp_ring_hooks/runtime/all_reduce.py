@@ -11,6 +11,7 @@ from .executor import run_schedule
 from .names import AUTO, check_algorithm_name, has_schedule
 from .native import run_native
 from .observer import NULL_OBSERVER, ExecutionObserver
+from .ring_orders import settle_ring_order
 from .selection import selector_for
 
 
@@ -49,12 +50,15 @@ def all_reduce(
     if tensor.is_sparse:
         raise TypeError("all_reduce works on dense tensors; call tensor.to_dense() first")
     check_device_backend(tensor.device.type, str(dist.get_backend(group)))
+    nbytes = tensor.numel() * tensor.element_size()
     if algorithm == AUTO:
-        algorithm, options = selector_for(group, device=tensor.device, **options).choose(tensor.numel() * tensor.element_size())
+        algorithm, options = selector_for(group, device=tensor.device, **options).choose(nbytes)
+    else:
+        options = settle_ring_order(options, group)  # "hosts", "measured": collective on the first call
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     flat = (torch.view_as_real(work) if work.is_complex() else work).view(-1)
     if has_schedule(algorithm):
-        schedule = checked_schedule(algorithm, dist.get_world_size(group), **options)
+        schedule = checked_schedule(algorithm, dist.get_world_size(group), nbytes=nbytes, **options)
         run_schedule(schedule, flat, group=group, observer=observer)
     else:  # native: the group's own all-reduce (it takes no options: the registry says so)
         resolve_options(algorithm, options)

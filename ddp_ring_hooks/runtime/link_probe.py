@@ -1,9 +1,13 @@
-"""Measure the bandwidth of every directed link between the ranks of the default group.
+"""Measure the bandwidth of every directed link between the ranks of a (gloo) group.
 
 Pairs of ranks that share no rank use separate links, so they are timed at the same time,
 in the rounds of the circle method (:func:`ddp_ring_hooks.links.exchange_rounds`)::
 
     p = 4:   round 0: 0⇄3 1⇄2    round 1: 0⇄2 1⇄3    round 2: 0⇄1 2⇄3
+
+(``one_pair_at_a_time``: each pair in a round of its own, ``p(p-1)/2`` rounds. On two tiers
+pairs of one round that cross the same uplink share it, and a link then reads slower than
+the same link alone: what ``ring_order="measured"`` must not mistake for a slower link.)
 
 1. **Warm up.** Every pair exchanges one message untimed (gloo may open its connections on
    first use; the kernel sizes its TCP buffers).
@@ -43,76 +47,89 @@ from .collectives import all_gather_ints
 _NODE_SOURCES = (None, "GROUP_RANK", "LOCAL_WORLD_SIZE")
 
 
-def measure_links(*, message_bytes: int, repeats: int) -> LinkMatrix:
-    """Time ``repeats`` exchanges of ``message_bytes`` on every pair of ranks of the default
-    (gloo) group, both directions at once; every rank returns the same matrix. Collective."""
+def measure_links(
+    *, message_bytes: int, repeats: int, group: dist.ProcessGroup | None = None, one_pair_at_a_time: bool = False,
+) -> LinkMatrix:
+    """Time ``repeats`` exchanges of ``message_bytes`` on every pair of ranks of ``group``
+    (default: the default group; gloo), both directions at once; every rank returns the same
+    matrix, in the group's ranks. Collective over ``group``."""
     if not isinstance(message_bytes, int) or message_bytes < 1:
         raise ValueError(f"message_bytes must be a whole number of bytes >= 1, got {message_bytes!r}")
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a whole number >= 1, got {repeats!r}")
-    backend = dist.get_backend()
+    backend = dist.get_backend(group)
     if backend != "gloo":
         raise ValueError(f"the link probe runs on gloo (TCP between hosts), not {backend!r}: "
                          "initialize the process group with backend='gloo'")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     if world_size < 2:
         raise ValueError("measuring links needs 2 ranks or more; start it under torchrun with several ranks")
     rounds = exchange_rounds(world_size)
+    if one_pair_at_a_time:
+        rounds = tuple((pair,) for pairs in rounds for pair in pairs)
     outgoing = torch.full((message_bytes,), rank % 256, dtype=torch.uint8)
     incoming = torch.empty_like(outgoing)
     for pairs in rounds:  # 1. warm up
         partner = partner_in(pairs, rank)
-        dist.barrier()
+        dist.barrier(group=group)
         if partner is not None:
-            _exchange(outgoing, incoming, partner)
+            _exchange(outgoing, incoming, _global_rank(group, partner), group)
     seconds = torch.full((repeats, len(rounds)), math.nan, dtype=torch.float64)
     for repeat in range(repeats):  # 2.
         for index, pairs in enumerate(rounds):
             partner = partner_in(pairs, rank)
-            dist.barrier()
+            dist.barrier(group=group)
             if partner is not None:
-                seconds[repeat, index] = _exchange(outgoing, incoming, partner)
+                seconds[repeat, index] = _exchange(outgoing, incoming, _global_rank(group, partner), group)
     gathered = [torch.empty_like(seconds) for _ in range(world_size)]  # 5.
-    dist.all_gather(gathered, seconds)
+    dist.all_gather(gathered, seconds, group=group)
     samples = tuple(
         LinkSample(src=partner, dst=receiver, nbytes=message_bytes, seconds=float(times[repeat, index]))
         for receiver, times in enumerate(gathered) for repeat in range(repeats)
         for index, pairs in enumerate(rounds) if (partner := partner_in(pairs, receiver)) is not None
     )
-    nodes, nodes_from = _nodes(rank)
+    nodes, nodes_from = group_nodes(group)
     hosts: list[str] = [""] * world_size
-    dist.all_gather_object(hosts, socket.gethostname())
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
     return LinkMatrix(world_size=world_size, samples=samples, message_bytes=message_bytes, repeats=repeats,
                       nodes=nodes, nodes_from=nodes_from, hosts=tuple(hosts), backend=backend)
 
 
-def _exchange(outgoing: torch.Tensor, incoming: torch.Tensor, partner: int) -> float:
-    """Both directions with ``partner`` at once (3.); seconds until this rank had its message (4.)."""
-    _both_ways(torch.zeros(1, dtype=torch.uint8), torch.empty(1, dtype=torch.uint8), partner)  # the handshake
+def _global_rank(group: dist.ProcessGroup | None, rank: int) -> int:
+    """A group's rank as the default group numbers it (what ``isend``/``irecv`` take)."""
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def _exchange(outgoing: torch.Tensor, incoming: torch.Tensor, partner: int, group) -> float:
+    """Both directions with ``partner`` (a global rank) at once (3.); seconds until this rank
+    had its message (4.)."""
+    _both_ways(torch.zeros(1, dtype=torch.uint8), torch.empty(1, dtype=torch.uint8), partner, group)  # the handshake
     start = time.perf_counter()
-    return _both_ways(outgoing, incoming, partner) - start
+    return _both_ways(outgoing, incoming, partner, group) - start
 
 
-def _both_ways(outgoing: torch.Tensor, incoming: torch.Tensor, partner: int) -> float:
+def _both_ways(outgoing: torch.Tensor, incoming: torch.Tensor, partner: int, group) -> float:
     """Receive from ``partner`` and send to it, the receive posted first; the clock when the
     receive completed (then the send is waited for too)."""
-    receive = dist.irecv(incoming, src=partner)
-    send = dist.isend(outgoing, dst=partner)
+    receive = dist.irecv(incoming, src=partner, group=group)
+    send = dist.isend(outgoing, dst=partner, group=group)
     receive.wait()
     received = time.perf_counter()
     send.wait()
     return received
 
 
-def _nodes(rank: int) -> tuple[tuple[int, ...] | None, str | None]:
-    """Each rank's node and where it came from (the same source on every rank), else ``None``s."""
-    return nodes_of(all_gather_ints(node_row(rank), None))
+def group_nodes(group: dist.ProcessGroup | None = None) -> tuple[tuple[int, ...] | None, str | None]:
+    """Each rank's node (``GROUP_RANK``, else ``rank // LOCAL_WORLD_SIZE``: torchrun's variables)
+    and where it came from, the same source on every rank of ``group``, else ``None``s.
+    Collective over ``group`` (one small all-gather)."""
+    return nodes_of(all_gather_ints(node_row(dist.get_rank()), group))
 
 
 def node_row(rank: int) -> list[int]:
-    """This process's ``[node, source]`` to gather (``rank``: its global rank): the node from
-    ``GROUP_RANK``, else ``rank // LOCAL_WORLD_SIZE``; ``source`` the code of where it came from
-    (an index of :data:`_NODE_SOURCES`, 0: unknown)."""
+    """This process's ``[node, source]`` to gather (``rank``: its global rank, as torchrun's
+    ``LOCAL_WORLD_SIZE`` counts): the node from ``GROUP_RANK``, else ``rank // LOCAL_WORLD_SIZE``;
+    ``source`` the code of where it came from (an index of :data:`_NODE_SOURCES`, 0: unknown)."""
     if "GROUP_RANK" in os.environ:
         return [int(os.environ["GROUP_RANK"]), 1]
     if "LOCAL_WORLD_SIZE" in os.environ:

@@ -51,7 +51,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
-from ..cost_model import Calibration, fit
+from ..cost_model import Calibration, TwoTier, fit
 from ..schedules import (
     Option, check_given_options, checked_schedule, formula_for, get_algorithm, options_by_name, options_for,
     resolve_options,
@@ -61,6 +61,7 @@ from .compat import broadcast_from_first
 from .executor import run_schedule
 from .names import AUTO, NATIVE, has_schedule, runnable_algorithms
 from .native import run_native
+from .ring_orders import settle_ring_order
 
 __all__ = [
     "AUTO", "AUTO_OPTIONS", "NATIVE", "AutoSelector", "agreed_option_sets", "auto_option_names", "calibrate",
@@ -118,7 +119,7 @@ def _time_all_reduce(algorithm: str, options: Mapping, nbytes: int, group, devic
     """
     buffer = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
     if has_schedule(algorithm):
-        schedule = checked_schedule(algorithm, dist.get_world_size(group), **options)
+        schedule = checked_schedule(algorithm, dist.get_world_size(group), nbytes=nbytes, **options)
         call = lambda: run_schedule(schedule, buffer, group=group)  # noqa: E731
     else:
         call = lambda: run_native(buffer, group=group).wait()  # noqa: E731
@@ -137,6 +138,10 @@ def _calibration_check(value: object) -> str | None:
     return "must be a Calibration, or a mapping from algorithm name to Calibration"
 
 
+def _network_check(value: object) -> str | None:
+    return None if value is None or isinstance(value, TwoTier) else "must be a ddp_ring_hooks.cost_model.TwoTier"
+
+
 def _candidates_check(value: object) -> str | None:
     known = runnable_algorithms()
     if value is None or (isinstance(value, (tuple, list)) and value and all(a in known for a in value)):
@@ -152,6 +157,8 @@ AUTO_OPTIONS: tuple[Option, ...] = (
            "candidate (default: probe the group)", check=_calibration_check),
     Option("candidates", None, "the algorithms to choose from (default: every one that applies, native included)",
            check=_candidates_check),
+    Option("network", None, "a two-tier network (cost_model.TwoTier: each node's uplink, the links inside a node, "
+           "which rank is where) to price the candidates on, instead of probing the group", check=_network_check),
 )
 
 
@@ -167,9 +174,12 @@ class AutoSelector:
     Args:
         calibration: α, β (and γ) to predict with, one :class:`Calibration` shared by all
             algorithms or one per algorithm (as :func:`calibrate` returns); the same on
-            every rank.
+            every rank. ``None`` with ``network``.
         world_size: ranks in the group.
         candidates: the algorithms to choose from (default: all that apply, ``native`` included).
+        network: a :class:`~ddp_ring_hooks.cost_model.TwoTier` network to price every candidate
+            on instead (each node's ranks share its uplink: the ring's crossings, the
+            hierarchy's shard, the trees' fan-out through one uplink all count).
         **candidate_options: options of the candidates, each passed to the candidates that
             declare it (``local_size=`` for ``hierarchical``, default ``LOCAL_WORLD_SIZE``;
             ``segments=`` for ``tree``). A default candidate must resolve its options and
@@ -180,26 +190,36 @@ class AutoSelector:
         >>> selector = AutoSelector(Calibration(alpha=50e-6, beta=1e-9), world_size=8)
         >>> selector.choose(4096)
         ('halving_doubling', {})
+        >>> lab = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=50e-6, local_beta=1 / 1e9, ranks_per_node=2)
+        >>> AutoSelector(None, 4, network=lab, local_size=2).choose(16 << 20)[0]
+        'hierarchical'
     """
 
     def __init__(
         self,
-        calibration: Calibration | Mapping[str, Calibration],
+        calibration: Calibration | Mapping[str, Calibration] | None,
         world_size: int,
         *,
         candidates: tuple[str, ...] | None = None,
+        network: TwoTier | None = None,
         **candidate_options,
     ) -> None:
-        _check_auto_options(calibration=calibration, candidates=candidates, **candidate_options)
+        _check_auto_options(calibration=calibration, candidates=candidates, network=network, **candidate_options)
         self.world_size = world_size
+        self.network = network
         if candidates is None:
             candidates = default_candidates(world_size, **candidate_options)
             candidate_options = _taken_by(candidates, candidate_options)
         self.candidates = tuple(candidates)
         self.options = _options_of(self.candidates, candidate_options)
+        if network is not None:
+            network.nodes(world_size)  # a network of another shape is refused here, not per bucket
+            calibration = calibration or {}
+        elif calibration is None:
+            raise ValueError("auto needs a calibration (or network=TwoTier(...)) to predict with")
         if isinstance(calibration, Calibration):
             calibration = {a: calibration for a in self.candidates}
-        missing = [a for a in self.candidates if a not in calibration]
+        missing = [] if network is not None else [a for a in self.candidates if a not in calibration]
         if missing:
             raise ValueError(f"auto has no calibration for {', '.join(missing)}; calibrate every candidate")
         self.calibration = dict(calibration)
@@ -212,15 +232,17 @@ class AutoSelector:
         *,
         calibration: Calibration | Mapping[str, Calibration] | None = None,
         candidates: tuple[str, ...] | None = None,
+        network: TwoTier | None = None,
         device: torch.device | str | None = None,
         **candidate_options,
     ) -> AutoSelector:
-        """Calibrate every candidate on ``group`` (collective) unless ``calibration`` is given.
-        ``device``: the model's device, where the probe runs (default: see
+        """Calibrate every candidate on ``group`` (collective) unless ``calibration`` or
+        ``network`` is given. ``device``: the model's device, where the probe runs (default: see
         :func:`~.collectives.device_of`)."""
-        _check_auto_options(calibration=calibration, candidates=candidates, **candidate_options)
+        _check_auto_options(calibration=calibration, candidates=candidates, network=network, **candidate_options)
         world_size = dist.get_world_size(group)
-        if calibration is None:
+        candidate_options = settle_ring_order(candidate_options, group)  # one probe for every candidate
+        if calibration is None and network is None:
             # The probe runs every candidate on every rank: the ranks must agree on them first.
             agreed = agreed_option_sets(group, candidate_options, device=device)
             if candidates is None:
@@ -233,11 +255,14 @@ class AutoSelector:
             calibration = calibrate(group, candidates=candidates, options=options, device=device)
             for algorithm, fitted in calibration.items():
                 logger.info("auto: %s calibrated to alpha=%.1f us, beta=%.3f ns/B", algorithm, fitted.alpha * 1e6, fitted.beta * 1e9)
-        return cls(calibration, world_size, candidates=candidates, **candidate_options)
+        return cls(calibration, world_size, candidates=candidates, network=network, **candidate_options)
 
     def recalibrated(self, calibration: Mapping[str, Calibration]) -> AutoSelector:
         """This selector with another calibration (one per candidate), e.g. one restored from a
-        checkpoint: the same candidates and options, choices made afresh."""
+        checkpoint: the same candidates and options, choices made afresh. A selector that
+        prices on a ``network`` has no calibration to restore: it is returned as it is."""
+        if self.network is not None:
+            return self
         selector = copy.copy(self)
         selector.calibration = {a: calibration[a] for a in self.candidates}
         selector._choices = {}
@@ -245,6 +270,10 @@ class AutoSelector:
 
     def predictions(self, nbytes: int) -> dict[str, float]:
         """Predicted seconds of every candidate for a bucket of ``nbytes``."""
+        if self.network is not None:
+            return {
+                a: self.network.predict(a, nbytes, self.world_size, **self.options.get(a, {})) for a in self.candidates
+            }
         return {
             a: self.calibration[a].predict(formula_for(a), nbytes, self.world_size, **self.options.get(a, {}))
             for a in self.candidates

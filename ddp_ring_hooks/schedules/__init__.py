@@ -12,22 +12,33 @@ import functools
 
 from .check import ScheduleError, check_all_reduce
 from .double_binary_tree import build_double_binary_tree_schedule, double_binary_tree_cost
+from .double_binary_tree import segments_for as double_binary_tree_segments_for
 from .halving_doubling import build_halving_doubling_schedule, halving_doubling_cost
-from .hierarchical import build_hierarchical_schedule, hierarchical_cost
+from .hierarchical import (
+    build_hierarchical_schedule, hierarchical_cost, hierarchical_shared_uplink_cost, hierarchical_uplink_cost,
+)
+from .hierarchical import segments_for as hierarchical_segments_for
 from .ir import Op, RankStep, Receive, Schedule, Send, Step, Transfer
 from .naive import build_naive_schedule, naive_cost
-from .ordering import RANK, check_node_of, check_ring_order, parse_numbers, schedule_nodes, schedule_order
+from .ordering import (
+    NEEDS_LINKS, NEEDS_NODES, RANK, RingCrossings, check_node_of, check_ring_order, group_needs, parse_numbers,
+    ring_crossings, ring_order_of, schedule_nodes, schedule_order, settled,
+)
 from .registry import (
     Algorithm, CostTerms, Option, algorithm_examples, algorithm_names, check_given_options, formula_for, get_algorithm,
-    options_by_name, options_for, register_algorithm, resolve_options,
+    options_by_name, options_for, register_algorithm, resolve_options, sized_options,
 )
 from .replay import final_state, replay
-from .ring import build_ring_schedule, ring_busiest_sends, ring_cost
+from .ring import build_ring_schedule, ring_busiest_sends, ring_cost, ring_shared_uplink_cost, ring_uplink_cost
 from .tree import build_tree_schedule, tree_cost
 
 
 def _positive_int(value: object) -> str | None:
     return None if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else "must be an integer >= 1"
+
+
+def _positive_int_or_by_size(value: object) -> str | None:
+    return None if value is None else _positive_int(value)
 
 
 def _ranks_per_node(value: object) -> str | None:
@@ -43,17 +54,18 @@ def _proper_divisors(world_size: int) -> tuple[int, ...]:
 #: The ring's order (see ``schedules/ordering.py``): shared by the ring and the rings inside hierarchical.
 RING_ORDER = (
     Option("ring_order", RANK, "the order the ring visits the ranks: rank (0, 1, ..., p-1), hosts (grouped by "
-           "node), or the ranks in ring order, e.g. 0,2,1,3", check=check_ring_order, label="ring order {}",
-           metavar="rank|hosts|R0,R1,...", parse=parse_numbers),
-    Option("node_of", None, "for ring order hosts: the node of each rank, e.g. 0,0,1,1 (default: the nodes as "
-           "torchrun numbers the ranks, node by node)", check=check_node_of, label="node_of {}",
+           "node), measured (the fastest ring by a probe of the links), or the ranks in ring order, e.g. 0,2,1,3",
+           check=check_ring_order, label="ring order {}", metavar="rank|hosts|measured|R0,R1,...", parse=parse_numbers),
+    Option("node_of", None, "for ring order hosts: the node of each rank, e.g. 0,0,1,1 (default: each rank's "
+           "GROUP_RANK, gathered across the ranks)", check=check_node_of, label="node_of {}",
            metavar="N0,N1,...", parse=parse_numbers),
 )
 
 
 register_algorithm(Algorithm(
     "ring", "reduce-scatter then all-gather around a ring: 2(p-1) messages of n/p",
-    build=build_ring_schedule, cost=ring_cost, busiest_sends=ring_busiest_sends, layout="ring", options=RING_ORDER,
+    build=build_ring_schedule, cost=ring_cost, busiest_sends=ring_busiest_sends, uplink_cost=ring_shared_uplink_cost,
+    layout="ring", options=RING_ORDER,
     # The reversed order of a ring of 3+ ranks is a different ring (a permutation the grids run).
     examples=lambda p: ({},) if p < 3 else ({}, {"ring_order": tuple(reversed(range(p)))}),
 ))
@@ -71,8 +83,8 @@ register_algorithm(Algorithm(
 register_algorithm(Algorithm(
     "double_binary_tree", "NCCL's two binary trees, each reducing and broadcasting half the buffer, pipelined",
     build=build_double_binary_tree_schedule, cost=double_binary_tree_cost, layout="trees",
-    options=(Option("segments", 1, "pipeline each tree's half in K segments", check=_positive_int, label="{} segments",
-                    metavar="K"),),
+    options=(Option("segments", None, "pipeline each tree's half in K segments", check=_positive_int_or_by_size,
+                    label="{} segments", metavar="K", per_size=double_binary_tree_segments_for),),
     examples=lambda p: ({"segments": 1}, {"segments": 3}),
 ))
 register_algorithm(Algorithm(
@@ -81,12 +93,17 @@ register_algorithm(Algorithm(
 ))
 register_algorithm(Algorithm(
     "hierarchical", "rings inside each node, a ring across nodes on a 1/G shard",
-    build=build_hierarchical_schedule, cost=hierarchical_cost, layout="nodes",
+    build=build_hierarchical_schedule, cost=hierarchical_cost, uplink_cost=hierarchical_shared_uplink_cost, layout="nodes",
     options=(Option("local_size", None, "ranks per node; must divide the world size", check=_ranks_per_node,
-                    environment="LOCAL_WORLD_SIZE", label="{}/node", metavar="G"), *RING_ORDER),
+                    environment="LOCAL_WORLD_SIZE", label="{}/node", metavar="G"),
+             Option("segments", None, "pipeline the buffer in K segments", check=_positive_int_or_by_size,
+                    label="{} segments", metavar="K", per_size=hierarchical_segments_for),
+             *RING_ORDER),
     # Only a true hierarchy (several nodes of several ranks) differs from a ring.
     applies=lambda p, options: options["local_size"] in _proper_divisors(p),
     examples=lambda p: tuple({"local_size": g} for g in _proper_divisors(p)) + tuple(
+        {"local_size": g, "segments": 3} for g in _proper_divisors(p)[:1]
+    ) + tuple(
         {"local_size": g, "ring_order": "hosts", "node_of": tuple(r % (p // g) for r in range(p))}
         for g in _proper_divisors(p)[:1]
     ),
@@ -103,9 +120,11 @@ register_algorithm(Algorithm(
 ALGORITHMS: tuple[str, ...] = algorithm_names(scheduled_only=True)
 
 
-def build_schedule(algorithm: str, world_size: int, **options) -> Schedule:
+def build_schedule(algorithm: str, world_size: int, *, nbytes: int = 0, **options) -> Schedule:
     """Build the schedule of ``algorithm`` for ``world_size`` ranks; it carries its resolved options.
 
+    ``nbytes``: the buffer it will run on, for the options chosen by size (``Option.per_size``:
+    hierarchical's ``segments``); the default, 0, gives their value for the smallest buffer.
     Raises ``ValueError`` naming the known algorithms when ``algorithm`` is unknown, and
     ``TypeError`` naming the valid options for an unknown option.
     """
@@ -114,16 +133,19 @@ def build_schedule(algorithm: str, world_size: int, **options) -> Schedule:
         raise ValueError(f"the {algorithm} algorithm has no schedule: it runs the process group's own all-reduce")
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
-    resolved = resolve_options(algorithm, options)
+    resolved = resolve_options(algorithm, options, nbytes=nbytes)
     schedule = record.build(world_size, **resolved)
     # What the builder resolved further (a ring order's permutation) wins over what it was given.
     return dataclasses.replace(schedule, options=tuple(sorted({**resolved, **dict(schedule.options)}.items())))
 
 
-def checked_schedule(algorithm: str, world_size: int, **options) -> Schedule:
+def checked_schedule(algorithm: str, world_size: int, *, nbytes: int = 0, **options) -> Schedule:
     """:func:`build_schedule`, proven correct by :func:`check_all_reduce` once, then cached
-    (a list option, such as a ring order, is taken as the tuple it equals)."""
-    frozen = {name: tuple(value) if isinstance(value, list) else value for name, value in options.items()}
+    (a list option, such as a ring order, is taken as the tuple it equals). ``nbytes``: the
+    buffer's size, for the options chosen by size; schedules are cached by the value chosen,
+    not by the size."""
+    sized = sized_options(algorithm, options, nbytes)
+    frozen = {name: tuple(value) if isinstance(value, list) else value for name, value in sized.items()}
     return _checked_schedule(algorithm, world_size, **frozen)
 
 
@@ -138,10 +160,12 @@ checked_schedule.cache_clear = _checked_schedule.cache_clear  # as functools.lru
 
 
 __all__ = [
-    "ALGORITHMS", "Algorithm", "CostTerms", "Option", "Op", "RankStep", "Receive", "Schedule", "ScheduleError", "Send",
+    "ALGORITHMS", "Algorithm", "CostTerms", "Option", "Op", "RankStep", "Receive", "RingCrossings", "Schedule",
+    "ScheduleError", "Send",
     "Step", "Transfer", "build_double_binary_tree_schedule", "build_halving_doubling_schedule", "build_hierarchical_schedule",
     "build_naive_schedule", "build_ring_schedule", "build_tree_schedule", "build_schedule", "check_all_reduce",
     "algorithm_examples", "algorithm_names", "check_given_options", "checked_schedule", "final_state", "formula_for",
-    "get_algorithm", "options_by_name", "options_for", "register_algorithm", "replay", "resolve_options",
-    "schedule_nodes", "schedule_order",
+    "NEEDS_LINKS", "NEEDS_NODES", "get_algorithm", "group_needs", "hierarchical_uplink_cost", "options_by_name", "options_for", "register_algorithm", "replay",
+    "resolve_options", "ring_crossings", "ring_order_of", "ring_uplink_cost",
+    "schedule_nodes", "schedule_order", "settled", "sized_options",
 ]

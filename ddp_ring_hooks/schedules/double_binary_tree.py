@@ -40,11 +40,15 @@ of the buffer (Sanders, Speck and Träff 2009; NCCL 2.4)::
    power of two (then the top rank's two subtrees are complete and finish together).
 4. Broadcast: the root sends the summed segment down, each rank copies it and passes it to both
    children in the same step, one level per step: ``⌈lg p⌉`` steps for one segment.
+5. How many segments: without ``segments`` given, by the buffer (:func:`segments_for`): one
+   segment of each half per :data:`SEGMENT_BYTES`, at most :data:`MAX_SEGMENTS`, as NCCL
+   pipelines its trees in chunks of a fixed size, so that the pipeline deepens with the buffer
+   and a small buffer pays no extra steps.
 
 Each chunk is summed along one tree and then only copied: bit-identical on every rank.
 
-Cost, counting each link on its own as :mod:`~ddp_ring_hooks.cost_model` does: every step moves
-one ``n/2k`` segment per link, so with ``L = ⌈lg p⌉``::
+Cost: every step moves one ``n/2k`` segment per link, so with ``L = ⌈lg p⌉``, counting each
+link on its own::
 
     (U + k - 1 + L + k - 1)(α + nβ/2k) + (U + k - 1)·nγ/2k       U = 2L - 2 (+1 for p = 2^L)
 
@@ -56,11 +60,16 @@ two halves and sends one in the reduce, the leaf of the other sends one, so each
 receives at most ``n`` per phase, ``2n`` in all, and once ``k`` is large enough to fill the
 pipeline the time tends to ``2nβ``: ``p/(p-1)`` times the ring's ``2(p-1)/p·nβ``, the lower bound.
 The binomial tree's root moves ``⌈lg p⌉·n`` each way instead. Per link the formula above drops
-to ``nβ`` for large ``k``: that is the model's independent links, not a real NIC; compare trees
-and rings with the per-NIC count, or measure (``ddp-ring-hooks bench``).
+to ``nβ`` for large ``k``: that is the model's independent links, not a real NIC. So the
+registry's cost (:func:`double_binary_tree_cost`, what ``predict``, ``model``, ``auto`` and the
+advisor price) counts the β term per NIC, from the schedule; its α and γ terms are the per-link
+ones above (one segment per link and step).
 """
 
 from __future__ import annotations
+
+import functools
+from collections import Counter
 
 from .ir import Op, Schedule, Step, Transfer
 from .registry import CostTerms
@@ -72,8 +81,24 @@ BROADCAST = "broadcast"
 Parents = tuple["int | None", ...]
 
 
-def build_double_binary_tree_schedule(world_size: int, *, segments: int = 1) -> Schedule:
-    """Two binary trees, each reducing then broadcasting half of the buffer in ``segments`` pieces."""
+#: Without ``segments`` given: one segment of each half per this many bytes ...
+SEGMENT_BYTES = 256 << 10
+#: ... and at most this many (each costs two more steps, one per phase).
+MAX_SEGMENTS = 32
+
+
+def segments_for(nbytes: int) -> int:
+    """The pipeline depth for an ``nbytes`` buffer when none is given: halves of ``nbytes / 2``
+    in pieces of :data:`SEGMENT_BYTES` (measured on the lab's 4 hosts at 400 Mbit/s, 16 MiB: 1.53x
+    the link limit at 16 segments, 1.42-1.52x at 32, 1.87x at 64, where the steps' latency
+    takes over; ``docs/algorithms.md``)."""
+    return max(1, min(MAX_SEGMENTS, nbytes // (2 * SEGMENT_BYTES)))
+
+
+def build_double_binary_tree_schedule(world_size: int, *, segments: int | None = None) -> Schedule:
+    """Two binary trees, each reducing then broadcasting half of the buffer in ``segments``
+    pieces (default 1: no size is known here; see :func:`segments_for`)."""
+    segments = 1 if segments is None else segments
     if not isinstance(segments, int) or segments < 1:
         raise ValueError(f"double_binary_tree needs segments >= 1 (pipelined pieces of each half), got {segments!r}")
     k = segments
@@ -164,15 +189,31 @@ def _span(edges: list[list[tuple[int, int | None, int]]], segments: int) -> int:
     return 0 if last is None else last + segments
 
 
-def double_binary_tree_cost(world_size: int, *, segments: int = 1) -> CostTerms:
-    """``(U + L + 2k - 2)(α + nβ/2k) + (U + k - 1)·nγ/2k`` with ``L = ⌈lg p⌉`` and
-    ``U = 2L - 2``, plus one when ``p`` is a power of two: the reduce takes ``U + k - 1`` steps,
-    the broadcast ``L + k - 1``, each moving one segment of ``n/2k`` per link."""
+def double_binary_tree_cost(world_size: int, *, segments: int | None = None) -> CostTerms:
+    """``(U + L + 2k - 2)·α + c·nβ + (U + k - 1)·nγ/2k`` with ``L = ⌈lg p⌉``, ``U = 2L - 2`` (plus
+    one when ``p`` is a power of two): the reduce takes ``U + k - 1`` steps, the broadcast
+    ``L + k - 1``, each moving one segment of ``n/2k`` per link; and, counted per NIC (a rank's
+    links share its network: ``c`` is, over the steps, the most segments one rank sends or
+    receives in each, over ``2k``), ``c → 2`` as ``k`` grows (1 segment a step while the
+    pipeline fills, 2 once both trees stream through a rank). Per NIC, not per link, because
+    the trees' whole point is to keep every rank's links busy at once: counted per link, deep
+    pipelines would look twice as fast as they run (and ``auto`` would pick them over the ring)."""
     if world_size == 1:
         return CostTerms()
-    k = segments
+    k = 1 if segments is None else segments
     levels = (world_size - 1).bit_length()  # ⌈lg p⌉
     up = 2 * levels - 2 + (world_size & (world_size - 1) == 0)
     reduce_steps, broadcast_steps = up + k - 1, levels + k - 1
     steps = reduce_steps + broadcast_steps
-    return CostTerms(messages=steps, bytes=steps / (2 * k), reduced=reduce_steps / (2 * k))
+    return CostTerms(messages=steps, bytes=_busiest_nic_segments(world_size, k) / (2 * k), reduced=reduce_steps / (2 * k))
+
+
+@functools.lru_cache(maxsize=64)
+def _busiest_nic_segments(world_size: int, segments: int) -> int:
+    """Over the steps, the most segments one rank sends or receives in each (counted on the schedule)."""
+    total = 0
+    for step in build_double_binary_tree_schedule(world_size, segments=segments).steps:
+        sent = Counter(t.src for t in step.transfers)
+        received = Counter(t.dst for t in step.transfers)
+        total += max(max(sent.values()), max(received.values()))
+    return total

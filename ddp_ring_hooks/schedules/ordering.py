@@ -21,8 +21,20 @@ across nodes, every hop crosses, and each node's uplink carries twice the bytes
    ``node_of`` it needs torchrun (it sets ``GROUP_RANK``), which numbers the ranks of a job
    node by node in ``GROUP_RANK`` order (every subgroup keeps that order): there ``"hosts"``
    is the rank order, and saying so costs nothing.
-3. A permutation of the group's ranks, e.g. ``(0, 2, 1, 3)``: the ring visits them in that
-   order (a list works too; it is kept as a tuple).
+3. ``"measured"``: the order whose slowest link is fastest, from a short probe of every link
+   of the group when the hook state (or the first ``all_reduce`` on the group) is built
+   (``ddp_ring_hooks.runtime.ring_orders``; the choice: ``ddp_ring_hooks.links.ring_order``).
+   The probe needs the process group, so a schedule is never built with ``"measured"``: it
+   is settled into the permutation it chose first.
+4. A permutation of the group's ranks, e.g. ``(0, 2, 1, 3)``: the ring visits them in that
+   order (a list works too; it is kept as a tuple). From a ``ddp-ring-hooks links --json``
+   file: ``ring_order=load_link_matrix(path).best_ring()``.
+
+What the group must say before an order is a permutation (:func:`group_needs`) and the options
+once it has (:func:`settled`) are the runtime's to ask and this module's to spell: with
+``"hosts"`` and no ``node_of``, each rank's node (its ``GROUP_RANK``, gathered across the
+ranks: right under any launcher that sets it, not only where ranks are numbered node by node);
+with ``"measured"``, the links.
 
 The resolved order is part of the schedule: its steps (so the layout check, which compares
 schedule checksums across ranks, stops ranks that disagree before any gradient moves) and its
@@ -32,13 +44,19 @@ schedule checksums across ranks, stops ranks that disagree before any gradient m
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from .ir import Schedule, Step, Transfer
 
 RANK = "rank"
 HOSTS = "hosts"
-NAMED_ORDERS = (RANK, HOSTS)
+MEASURED = "measured"
+NAMED_ORDERS = (RANK, HOSTS, MEASURED)
+
+#: What :func:`group_needs` answers: the ranks' nodes, or their links measured.
+NEEDS_NODES, NEEDS_LINKS = "nodes", "links"
 
 
 def check_ring_order(value: object) -> str | None:
@@ -46,7 +64,7 @@ def check_ring_order(value: object) -> str | None:
     if isinstance(value, str):
         return None if value in NAMED_ORDERS else f"is not one of {', '.join(map(repr, NAMED_ORDERS))} or a list of ranks"
     if not _is_int_sequence(value):
-        return "must be 'rank', 'hosts', or a list of the group's ranks in ring order, e.g. [0, 2, 1, 3]"
+        return "must be 'rank', 'hosts', 'measured', or a list of the group's ranks in ring order, e.g. [0, 2, 1, 3]"
     if len(set(value)) != len(value):
         return "names a rank twice: list every rank of the group once"
     return None if min(value, default=0) >= 0 else "names a negative rank"
@@ -80,6 +98,12 @@ def ring_positions(world_size: int, ring_order: object, node_of: Sequence[int] |
             raise ValueError(f"node_of names the nodes of {len(node_of)} ranks but the group has {world_size}: give one per rank")
     if ring_order == RANK:
         return tuple(range(world_size))
+    if ring_order == MEASURED:
+        raise ValueError(
+            "ring_order='measured' is chosen on the process group, by a probe of its links when the hook "
+            "state (or all_reduce's first call) is built; to draw or price a ring, give its order, e.g. "
+            "ring_order=load_link_matrix('links.json').best_ring() (ddp_ring_hooks.links) or 0,2,1,3"
+        )
     if ring_order == HOSTS:
         if node_of is not None:
             return tuple(sorted(range(world_size), key=lambda rank: (node_of[rank], rank)))
@@ -97,6 +121,45 @@ def ring_positions(world_size: int, ring_order: object, node_of: Sequence[int] |
             f"0..{world_size - 1} once"
         )
     return order
+
+
+def group_needs(options: Mapping[str, object]) -> str | None:
+    """What resolved ``options`` need from the process group before their ring order is a
+    permutation: :data:`NEEDS_LINKS` (``"measured"``), :data:`NEEDS_NODES` (``"hosts"`` without
+    ``node_of``), or ``None`` (options without a ring order, too)."""
+    order = options.get("ring_order")
+    if order == MEASURED:
+        return NEEDS_LINKS
+    if order == HOSTS and options.get("node_of") is None:
+        return NEEDS_NODES
+    return None
+
+
+def settled(
+    options: Mapping[str, object], *, nodes: Sequence[int] | None = None, measured: Sequence[int] | None = None,
+) -> dict[str, object]:
+    """``options`` with what the group said: ``"hosts"`` gets ``node_of=nodes`` (left as it is
+    when the nodes are unknown, ``None``: building it then names the fix), ``"measured"``
+    becomes the ``measured`` order."""
+    need = group_needs(options)
+    if need == NEEDS_NODES and nodes is not None:
+        return {**options, "node_of": tuple(nodes)}
+    if need == NEEDS_LINKS:
+        if measured is None:
+            raise ValueError("ring_order='measured' needs the order the probe measured")
+        return {**options, "ring_order": tuple(measured)}
+    return dict(options)
+
+
+def ring_order_of(options: Mapping[str, object], world_size: int) -> tuple[int, ...] | None:
+    """The permutation resolved ``options`` make the ring visit (``None``: the options have no
+    ring order, or one not yet settled on the group)."""
+    if "ring_order" not in options:
+        return None
+    try:
+        return ring_positions(world_size, options["ring_order"], options.get("node_of"))
+    except ValueError:
+        return None
 
 
 def ordered_options(ring_order: object, node_of: Sequence[int] | None, order: tuple[int, ...]) -> tuple[tuple[str, object], ...]:
@@ -126,6 +189,33 @@ def schedule_nodes(schedule: Schedule) -> tuple[int, ...] | None:
     for place, rank in enumerate(schedule_order(schedule)):
         nodes[rank] = place // local_size
     return tuple(nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class RingCrossings:
+    """How a ring order meets the node boundaries: ``total`` hops between nodes, and the most
+    hops that leave one node (``busiest``: chunks through its uplink per ring step)."""
+
+    total: int
+    busiest: int
+
+
+def ring_crossings(order: Sequence[int], placement: Sequence[int]) -> RingCrossings:
+    """How often the ring ``order[0] -> order[1] -> ... -> order[0]`` crosses a node boundary.
+
+        >>> ring_crossings((0, 1, 2, 3), placement=(0, 1, 0, 1))
+        RingCrossings(total=4, busiest=2)
+        >>> ring_crossings((0, 2, 1, 3), placement=(0, 1, 0, 1))
+        RingCrossings(total=2, busiest=1)
+    """
+    if sorted(order) != list(range(len(placement))):
+        raise ValueError(f"order {tuple(order)} is not an order of the {len(placement)} ranks placement describes")
+    leaving: dict[int, int] = defaultdict(int)
+    for place, rank in enumerate(order):
+        after = order[(place + 1) % len(order)]
+        if placement[rank] != placement[after]:
+            leaving[placement[rank]] += 1
+    return RingCrossings(total=sum(leaving.values()), busiest=max(leaving.values(), default=0))
 
 
 def relabel(steps: Sequence[Step], order: tuple[int, ...]) -> tuple[Step, ...]:

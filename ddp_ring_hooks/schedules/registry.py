@@ -9,6 +9,9 @@ consumer keeps a list of names or an ``if algorithm == ...`` chain of its own:
 ``options``     its :class:`Option` s: names, defaults, checks, and where a default comes from
 ``cost``        its α-β-γ :class:`CostTerms` for ``p`` ranks (the cost model multiplies them out)
 ``priced_as``   without a ``cost`` of its own: the algorithm whose terms it is fitted with
+``uplink_cost`` its closed form when each node's ranks share one uplink, ``(p, placement,
+                **options) -> CostTerms`` (``None``, or a ``None`` answer: the cost model
+                counts the terms from the schedule, which is slow for large ``p``)
 ``layout``      how to draw it: ``"ring"``, ``"tree"``, ``"trees"``, ``"star"`` or ``"nodes"``
 ``applies``     whether it makes sense for ``world_size`` ranks with its resolved options
 ``examples``    valid option sets for ``p`` ranks (the test grids enumerate them)
@@ -49,7 +52,11 @@ class Option:
     variable that supplies the value when the caller gives none (``LOCAL_WORLD_SIZE`` for
     ``hierarchical``'s ``local_size``, as torchrun sets it); ``label`` shows a value in tables
     and titles (``"{} segments"``); ``metavar`` names the value in help and hints (``K``), and
-    ``parse`` reads it from a command-line word.
+    ``parse`` reads it from a command-line word. ``per_size`` makes the default depend on the
+    buffer: when the caller gives no value, ``per_size(nbytes)`` is the value for an ``nbytes``
+    buffer (a pipeline that deepens with the buffer, as NCCL's fixed chunk size makes it), chosen
+    where the size is known (:func:`resolve_options` with ``nbytes``); without a size the option
+    stays ``None``, "by size", and a schedule built without one takes ``per_size(0)``.
     """
 
     name: str
@@ -60,6 +67,7 @@ class Option:
     label: str = ""
     metavar: str = "VALUE"
     parse: Callable[[str], object] = int
+    per_size: Callable[[int], object] | None = None
 
     @property
     def required(self) -> bool:
@@ -103,6 +111,7 @@ class Algorithm:
     # is half a million transfers); None: counted on the schedule.
     busiest_sends: Callable[..., float] | None = None
     priced_as: str | None = None
+    uplink_cost: Callable[..., CostTerms | None] | None = None
     layout: str = "ring"
     options: tuple[Option, ...] = ()
     applies: Callable[[int, dict], bool] = lambda world_size, options: True
@@ -111,6 +120,10 @@ class Algorithm:
 
     def __post_init__(self) -> None:
         self._by_name.update((option.name, option) for option in self.options)
+
+    def option(self, name: str) -> Option:
+        """Its option called ``name`` (a ``KeyError`` when it has none)."""
+        return self._by_name[name]
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -153,14 +166,20 @@ def formula_for(name: str) -> str:
 
 
 def resolve_options(
-    name: str, options: Mapping[str, object] | None = None, *, environment: Mapping[str, str] | None = None
+    name: str,
+    options: Mapping[str, object] | None = None,
+    *,
+    environment: Mapping[str, str] | None = None,
+    nbytes: int | None = None,
 ) -> dict:
     """``options`` checked against ``name``'s declared options, with every default filled in.
 
     A missing option takes its ``environment`` variable if one is set, else its default;
     ``environment`` is where those variables are read (default ``os.environ``; the advisor
-    passes the one its run recorded). Raises ``TypeError`` for an unknown option (naming the
-    valid ones) and ``ValueError`` for a bad value (with the option's own check message).
+    passes the one its run recorded). An option chosen by size (``Option.per_size``) that is
+    not given takes its value for an ``nbytes`` buffer, or stays ``None`` ("by size") when
+    ``nbytes`` is ``None``. Raises ``TypeError`` for an unknown option (naming the valid ones)
+    and ``ValueError`` for a bad value (with the option's own check message).
     """
     algorithm = get_algorithm(name)
     options = dict(options or {})
@@ -173,11 +192,24 @@ def resolve_options(
             value = _from_environment(option, environment[option.environment])
         if value is None:
             value = option.default
+        if value is None and option.per_size is not None and nbytes is not None:
+            value = option.per_size(nbytes)  # as sized_options does
         if isinstance(value, list):  # a ring order given as a list: kept as the tuple it equals
             value = tuple(value)
         _check_value(algorithm, option, value)
         resolved[option.name] = value
     return resolved
+
+
+def sized_options(name: str, options: Mapping[str, object], nbytes: int) -> dict:
+    """``options`` with each option chosen by size (``Option.per_size``) that they leave out or
+    set to ``None`` given its value for an ``nbytes`` buffer; the rest as they are (a cheap
+    step for every bucket: :func:`resolve_options` does the checking)."""
+    sized = dict(options)
+    for option in get_algorithm(name).options:
+        if option.per_size is not None and option.default is None and sized.get(option.name) is None:
+            sized[option.name] = option.per_size(nbytes)
+    return sized
 
 
 def options_by_name() -> dict[str, tuple[Option, tuple[str, ...]]]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .ir import Op, Schedule, Step, Transfer
-from .ordering import RANK, ordered_options, relabel, ring_positions
+from .ordering import RANK, RingCrossings, ordered_options, relabel, ring_crossings, ring_positions
 from .registry import CostTerms
 
 REDUCE_SCATTER = "reduce-scatter"
@@ -66,3 +66,20 @@ def ring_cost(world_size: int, *, ring_order: object = RANK, node_of: Sequence[i
 def ring_busiest_sends(world_size: int, **_ordering) -> float:
     """``2(p-1)/p``: every rank sends ``2(p - 1)`` chunks of ``n/p``, whatever the order."""
     return 2 * (world_size - 1) / world_size
+
+
+def ring_uplink_cost(world_size: int, *, crossings: RingCrossings) -> CostTerms:
+    """The ring's closed form on two tiers: ``2(p-1)`` steps of ``n/p`` per link, ``h`` links of
+    them through the busiest uplink (``h = crossings.busiest``; none: all steps inside one node)."""
+    p = world_size
+    steps, share = 2 * (p - 1), (p - 1) / p
+    if crossings.busiest == 0:
+        return CostTerms(reduced=share, local_messages=steps, local_bytes=2 * share)
+    return CostTerms(messages=steps, bytes=2 * share * crossings.busiest, reduced=share)
+
+
+def ring_shared_uplink_cost(
+    world_size: int, placement: Sequence[int], *, ring_order: object = RANK, node_of: Sequence[int] | None = None,
+) -> CostTerms:
+    """The registry's ``uplink_cost``: :func:`ring_uplink_cost` for the crossings of this order."""
+    return ring_uplink_cost(world_size, crossings=ring_crossings(ring_positions(world_size, ring_order, node_of), placement))

@@ -91,8 +91,11 @@ class Observation:
 
     # -- the hook thread ---------------------------------------------------------------------
 
-    def attach(self, ddp_model, *, algorithm: str, concurrent_buckets: int, group) -> None:
-        """The hook was registered on ``ddp_model``: watchers that watch the model start."""
+    def attach(self, ddp_model, *, algorithm: str, concurrent_buckets: int, group, run_facts=None) -> None:
+        """The hook was registered on ``ddp_model``: watchers that watch the model start.
+        ``run_facts``: what the hook state knows of the run that the timeline records (the
+        ranks' ``nodes``, the ``ring`` order)."""
+        self.timeline.run_facts = dict(run_facts or {})
         for watcher in self.watchers:
             watcher.attach(ddp_model, algorithm=algorithm, concurrent_buckets=concurrent_buckets, group=group)
 

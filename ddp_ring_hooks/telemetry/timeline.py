@@ -116,6 +116,7 @@ class Timeline(Watcher):
         self.run: TimelineRun | None = None
         self.group = None
         self.directory: str | None = None  # where this group's timeline.jsonl goes (attach)
+        self.run_facts: dict = {}  # what the hook state knows of the run (nodes, ring): the observation sets it
         self.steps: deque[TimelineStep] = deque(maxlen=self.keep)
         self._finished = 0  # steps finished in this run (the file keeps the first ones)
         self._recording = False
@@ -143,7 +144,9 @@ class Timeline(Watcher):
     def attach(self, ddp_model, *, algorithm: str, concurrent_buckets: int, group=None) -> None:
         """Describe the run and hook the model's forward (once per DDP model)."""
         self.group = group or ddp_model.process_group
-        self.run = describe_run(ddp_model, algorithm=algorithm, concurrent_buckets=concurrent_buckets, group=self.group)
+        self.run = describe_run(
+            ddp_model, algorithm=algorithm, concurrent_buckets=concurrent_buckets, group=self.group, **self.run_facts,
+        )
         if self.log_dir is not None:
             self.directory = group_log_dir(self.log_dir, self.group)
         if self.run.device != "cpu":
@@ -330,8 +333,11 @@ def read_timeline(path: str | os.PathLike) -> list[TimelineRecord]:
     return records
 
 
-def describe_run(ddp_model, *, algorithm: str, concurrent_buckets: int, group=None) -> TimelineRun:
-    """The first timeline record: what does not change from step to step."""
+def describe_run(
+    ddp_model, *, algorithm: str, concurrent_buckets: int, group=None, nodes=None, ring=None,
+) -> TimelineRun:
+    """The first timeline record: what does not change from step to step (``nodes``, ``ring``:
+    what the hook state knows, see :class:`~.timeline_records.TimelineRun`)."""
     config = getattr(ddp_model, "_bucket_config", None)  # torch >= 2.10
     cap = int(getattr(config, "bucket_bytes_cap", ddp_model.bucket_bytes_cap))
     first = int(getattr(config, "first_bucket_bytes_cap", dist._DEFAULT_FIRST_BUCKET_BYTES))
@@ -350,6 +356,8 @@ def describe_run(ddp_model, *, algorithm: str, concurrent_buckets: int, group=No
         cpu_count=os.cpu_count() or 1,
         torch_threads=torch.get_num_threads(),
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(group))),
+        nodes=None if nodes is None else tuple(nodes),
+        ring=None if ring is None else tuple(ring),
     )
 
 

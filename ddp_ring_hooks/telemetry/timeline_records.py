@@ -32,7 +32,10 @@ class TimelineRun:
     ``rank`` is the writer's rank in the hook's group (its rank 0 writes); ``concurrent_buckets``
     the communication lanes; ``bucket_cap_bytes`` and ``first_bucket_bytes`` DDP's bucket caps;
     ``param_bytes`` / ``param_dtypes`` every parameter's gradient, in registration order;
-    ``cpu_count``, ``torch_threads`` and ``local_world_size`` how crowded the host was.
+    ``cpu_count``, ``torch_threads`` and ``local_world_size`` how crowded the host was;
+    ``nodes`` the node of each rank of the group (as its ranks said: ``GROUP_RANK``; ``None``
+    when unknown) and ``ring`` the order the run's ring visited the ranks (``None``: not a ring),
+    for the advisor's note on what the rank order costs.
     """
 
     world_size: int
@@ -48,6 +51,8 @@ class TimelineRun:
     torch_threads: int
     local_world_size: int
     version: int = TIMELINE_VERSION
+    nodes: tuple[int, ...] | None = None
+    ring: tuple[int, ...] | None = None
 
     def to_json(self) -> str:
         return _dumps("run", dataclasses.asdict(self))
@@ -62,6 +67,9 @@ class TimelineRun:
                 f"version {TIMELINE_VERSION}: upgrade ddp_ring_hooks to read it"
             )
         data["param_bytes"], data["param_dtypes"] = tuple(data["param_bytes"]), tuple(data["param_dtypes"])
+        for name in ("nodes", "ring"):
+            if data.get(name) is not None:
+                data[name] = tuple(data[name])
         return _build(cls, data)
 
 

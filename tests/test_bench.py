@@ -109,7 +109,7 @@ def test_bench_hands_each_algorithm_its_options_and_auto_all_of_them():
 
     given = {"segments": 3, "local_size": 2}
     assert options_per_algorithm(given, ["ring", "tree", "hierarchical", "auto"]) == {
-        "ring": {}, "tree": {"segments": 3}, "hierarchical": {"local_size": 2}, "auto": given,
+        "ring": {}, "tree": {"segments": 3}, "hierarchical": {"local_size": 2, "segments": 3}, "auto": given,
     }
 
 

@@ -41,7 +41,8 @@ def ring_order_line(state) -> str | None:
     try:
         note = ring_order_of_run(step_model(state.timeline.records()))
     except ValueError:  # no timeline steps yet (a state attached by hand, or too short a run)
-        note = ring_order_note(order=state.ring, nodes=state.nodes)
+        nodes = state.nodes  # None also before the process group exists
+        note = None if nodes is None else ring_order_note(order=state.ring, nodes=nodes)
     return None if note is None else f"ring order: {note.line()}"
 
 

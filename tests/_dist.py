@@ -13,8 +13,8 @@ benchmarks' ``--nproc``), so the tests exercise the code users run.
 
 from __future__ import annotations
 
-from ddp_ring_hooks.launch import RankFailed, _rank_main, spawn_ranks
+from ddp_ring_hooks.launch import RankFailed, _rank_main, rank_context, rank_process_kwargs, spawn_ranks
 
 run_ranks = spawn_ranks
 
-__all__ = ["RankFailed", "_rank_main", "run_ranks"]
+__all__ = ["RankFailed", "_rank_main", "rank_context", "rank_process_kwargs", "run_ranks"]

@@ -7,9 +7,12 @@ real ``nn.Module``, inputs are seeded random tensors, digests are SHA-256 of the
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -193,10 +196,51 @@ def main_job_run(tmp_path_factory) -> dict:
 
 @functools.cache
 def help_text(program: tuple[str, ...]) -> str:
-    """What ``program --help`` prints (run once per program per session: the scripts' check and
-    the docs' check share it)."""
+    """What ``program --help`` prints (once per program per session: the scripts' check and the
+    docs' check share it), asked of one help process (``tests/scripts/help_server.py``: torch is
+    imported once, not once per program) or, for a program it cannot run, of the program itself."""
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([*program, "--help"], cwd=root, env=checkout_environment(), capture_output=True, text=True,
-                          timeout=180)
-    assert done.returncode == 0, f"{' '.join(program)} --help failed: {done.stderr[-2000:]}"
-    return done.stdout
+    answer = _help_server().ask(program)
+    if answer.get("returncode") is None:
+        done = subprocess.run([*program, "--help"], cwd=root, env=checkout_environment(), capture_output=True,
+                              text=True, timeout=180)
+        answer = {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+    assert answer["returncode"] == 0, f"{' '.join(program)} --help failed: {answer['stderr'][-2000:]}"
+    return answer["stdout"]
+
+
+HELP_TIMEOUT_S = 180
+
+
+class _HelpServer:
+    """The help process, started on the first question, killed at the session's end."""
+
+    def __init__(self) -> None:
+        root = Path(__file__).resolve().parents[1]
+        self.process = subprocess.Popen(
+            [sys.executable, str(root / "tests" / "scripts" / "help_server.py")], cwd=root, env=checkout_environment(),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+
+    def ask(self, program: tuple[str, ...]) -> dict:
+        self.process.stdin.write(json.dumps(list(program)) + "\n")
+        self.process.stdin.flush()
+        readable, _, _ = select.select([self.process.stdout], [], [], HELP_TIMEOUT_S)
+        if not readable:  # a --help that hangs fails its test, not the session
+            self.close()
+            _help_server.cache_clear()
+            raise AssertionError(f"{' '.join(program)} --help did not answer within {HELP_TIMEOUT_S} s")
+        line = self.process.stdout.readline()
+        assert line, f"the help process died answering {' '.join(program)} --help"
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+@functools.cache
+def _help_server() -> _HelpServer:
+    server = _HelpServer()
+    atexit.register(server.close)
+    return server

@@ -24,9 +24,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from tests._dist import _rank_main
+from tests._dist import _rank_main, rank_context, rank_process_kwargs
 from tests.scripts.train_with_hook import free_port, loopback_environment, torchrun_command, uninterrupted_params
 
 PG_TIMEOUT = 6.0  # seconds; short, so a hang would show as a slow failure
@@ -84,7 +83,7 @@ def _run_with_a_victim(
     world_size: int, victim: int, timeout: float, target=_train_until_a_peer_dies, extra: tuple = ()
 ) -> tuple[dict[int, dict], int]:
     """Like ``run_ranks``, but one rank is expected to die: collect the others' results."""
-    context = mp.get_context("spawn")
+    context = rank_context()
     results = context.Queue()
     with tempfile.TemporaryDirectory() as directory:
         processes = [
@@ -92,6 +91,7 @@ def _run_with_a_victim(
                 target=_rank_main,
                 args=(target, rank, world_size, os.path.join(directory, "store"),
                       PG_TIMEOUT, results, (victim, directory, *extra)),
+                kwargs=rank_process_kwargs(),
                 daemon=True,
             )
             for rank in range(world_size)

@@ -32,9 +32,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from ddp_ring_hooks.launch import _rank_main
+from ddp_ring_hooks.launch import _rank_main, rank_context, rank_process_kwargs
 from ddp_ring_hooks.runtime import ExecutionObserver
 from ddp_ring_hooks.telemetry.stall_report import RankRecord, diagnose
 
@@ -224,10 +223,10 @@ def _launch_with_a_victim(directory: str, *, timeout: float) -> tuple[dict, dict
     """Spawn the ranks; thaw the victim ``THAW_AFTER`` seconds after its first freeze; return
     the survivors' outcomes and the freeze times, after checking that the survivors exit by
     themselves. The victim is killed at the end."""
-    context = mp.get_context("spawn")
+    context = rank_context()
     results = context.Queue()
     processes = [
-        context.Process(target=_rank_main, daemon=True, args=(
+        context.Process(target=_rank_main, daemon=True, kwargs=rank_process_kwargs(), args=(
             _train_through_stalls, rank, WORLD_SIZE, os.path.join(directory, "store"), PG_TIMEOUT, results,
             (directory,)))
         for rank in range(WORLD_SIZE)
@@ -464,9 +463,9 @@ def _gpu_rank_frozen(rank: int, world_size: int, directory: str) -> dict:
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs and NCCL; this machine has none (CPU-only CI)")
 @pytest.mark.timeout(200)
 def test_on_nccl_the_watchdog_queries_events_and_names_the_frozen_rank_through_the_store(tmp_path):
-    context = mp.get_context("spawn")
+    context = rank_context()
     results = context.Queue()
-    processes = [context.Process(target=_rank_main, daemon=True, kwargs={"backend": "nccl"}, args=(
+    processes = [context.Process(target=_rank_main, daemon=True, kwargs={**rank_process_kwargs(), "backend": "nccl"}, args=(
         _gpu_rank_frozen, rank, 2, str(tmp_path / "store"), PG_TIMEOUT, results, (str(tmp_path),))) for rank in range(2)]
     for process in processes:
         process.start()

@@ -153,3 +153,44 @@ def test_a_busy_line_names_the_rank_once_per_wait_and_only_without_paused(busy_w
                 assert f" of iteration {step + 1} " in by_step[step][0].split(";")[0], lines
         assert sum(map(len, by_step.values())) == len(lines), lines
         print(f"rank {outcome['rank']}: {lines}")
+
+
+# -- busy for longer than the group's own timeout: the backend ends the wait, not stall_timeout --
+
+BACKSTOP_PG_TIMEOUT, BACKSTOP_STALL_TIMEOUT, BACKSTOP_BUSY = 8.0, 3.0, 14.0
+
+
+def _busy_past_the_group_timeout(rank: int, world_size: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(16, 16))
+    state = ddp_ring_hooks.register(model, stall_after=1.0, stall_timeout=BACKSTOP_STALL_TIMEOUT)
+    outcome: dict = {"rank": rank}
+    for step in range(4):
+        started = time.monotonic()
+        try:
+            model(torch.randn(4, 16)).sum().backward()
+        except RuntimeError as error:
+            outcome.update(failed_after=time.monotonic() - started, error=str(error), step=step)
+            break
+        if rank == BUSY_RANK and step == 1:
+            _busy_in_python(BACKSTOP_BUSY)
+    outcome["failure"] = str(state.observation.watchdog.failure)
+    state.close()
+    return outcome
+
+
+@pytest.mark.timeout(120)
+def test_stall_timeout_never_aborts_for_a_busy_rank_the_groups_own_timeout_does_naming_it():
+    waiting = run_ranks(_busy_past_the_group_timeout, 2, timeout=90, pg_timeout=BACKSTOP_PG_TIMEOUT)[1]
+    assert waiting["failure"] == "None", waiting["failure"]  # the watchdog never timed out
+    assert waiting["step"] == 2 and "RankStalledError" not in waiting["error"], waiting
+    # Not at stall_timeout (3 s): at the group's own timeout (8 s), from gloo itself.
+    assert BACKSTOP_PG_TIMEOUT - 1 < waiting["failed_after"] < BACKSTOP_BUSY - 1, waiting["failed_after"]
+    assert "The stall watchdog had found: rank 1: bucket 0 of iteration 2" in waiting["error"], waiting["error"]
+    assert f"rank {BUSY_RANK} is busy outside the all-reduce (iteration 1, " in waiting["error"], waiting["error"]
+    print(f"busy past the group's timeout: rank 1 failed after {waiting['failed_after']:.1f} s "
+          f"(stall_timeout={BACKSTOP_STALL_TIMEOUT:g} s, group timeout {BACKSTOP_PG_TIMEOUT:g} s)")

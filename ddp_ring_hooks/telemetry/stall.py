@@ -331,6 +331,11 @@ class StallWatchdog(Watcher):
             self._paused = self._paused[:index] + self._paused[index + 1:]
             self._wake.set()
 
+    @property
+    def pauses(self) -> tuple[str, ...]:
+        """The reasons this rank is paused for now (:meth:`paused`), innermost last."""
+        return self._paused
+
     def _announce(self) -> None:
         """Wake the watchdog and wait until this rank's record is in the store (at most
         :data:`STORE_ANSWER_S`: a store that does not answer must not stop training)."""

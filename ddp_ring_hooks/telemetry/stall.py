@@ -295,6 +295,9 @@ class StallWatchdog(Watcher):
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._stall: _Stall | None = None
+        #: The busy episode last named, by rank: (iteration, doing). Once each, whichever
+        #: bucket of this rank waits for it (lane 1's bucket may wait on after lane 0's).
+        self._told_busy: dict[int, tuple[int, str]] = {}
         self._report: str | None = None
         self.failure: RankStalledError | None = None
         self._handles: list = []
@@ -329,6 +332,9 @@ class StallWatchdog(Watcher):
         finally:
             index = len(self._paused) - 1 - self._paused[::-1].index(reason)
             self._paused = self._paused[:index] + self._paused[index + 1:]
+            if not self._paused:  # busy from now on, if it stays away: the pause did not count
+                _, doing, iteration = self._training
+                self._training = (time.monotonic(), doing, iteration)
             self._wake.set()
 
     @property
@@ -507,13 +513,22 @@ class StallWatchdog(Watcher):
                 warnings.warn(finding.text, RankStalledWarning, stacklevel=1)
             stall.reports += 1
             self._publish(finding.text, others, finding, iteration=waiting.iteration)
-        elif finding.kind == BUSY and not set(finding.busy) <= stall.told_busy:
-            stall.told_busy.update(finding.busy)  # once per wait: no warning, no dump
-            logger.warning(finding.text)
+        elif finding.kind == BUSY and self._new_busy(finding, others, now):
+            logger.warning(finding.text)  # once per busy episode: no warning, no dump
             self._publish(finding.text, None, None, iteration=waiting.iteration)
         elif finding.kind != stall.kind:
             logger.debug(finding.text)  # paused, moving data, a cycle of reporting ranks
         stall.kind = finding.kind
+
+    def _new_busy(self, finding: Finding, others: dict[int, RankRecord], now: float) -> bool:
+        """Whether ``finding`` names a rank busy for ``stall_after`` or longer in an episode not
+        named yet (and remember it). Shorter: this wait is older than its being away (it was
+        paused, say), and the next polls will tell."""
+        episodes = {rank: (others[rank].iteration, others[rank].doing) for rank in finding.busy
+                    if rank in others and now - others[rank].since >= self.stall_after}
+        new = any(self._told_busy.get(rank) != episode for rank, episode in episodes.items())
+        self._told_busy.update(episodes)
+        return new
 
     def _wait_over(self) -> None:
         stall, self._stall = self._stall, None
@@ -626,21 +641,19 @@ def _remedy(finding: Finding, others: dict[int, RankRecord] | None, stopped: dic
     if not elsewhere:
         return ""
     names = ", ".join(f"rank {rank} (pid {record.pid})" for rank, record in elsewhere)
-    return (f"If {names} stays stopped on its host, its launcher waits for it (torchrun's agent SIGKILLs a stopped "
-            "worker 30 s after the others fail, and only if a worker of its own failed): end it there, "
-            f"kill -CONT {elsewhere[0][1].pid} or kill -KILL {elsewhere[0][1].pid}")
+    return (f"If {names} stays stopped on its host (nothing here can reach it), its launcher may wait for it: "
+            f"end it there (kill -CONT {elsewhere[0][1].pid}, or kill -KILL {elsewhere[0][1].pid})")
 
 
 class _Stall:
     """The wait being watched: which bucket, since when, how often reported as stalled, the
-    next time, the busy ranks already named and the last verdict."""
+    next time, and the last verdict."""
 
     def __init__(self, progress: _BucketProgress, since: float) -> None:
         self.progress = progress
         self.since = since
         self.reports = 0
         self.next_report = 0.0
-        self.told_busy: set[int] = set()
         self.kind: str | None = None
 
     def is_wait(self, progress: _BucketProgress, state: tuple) -> bool:

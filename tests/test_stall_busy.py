@@ -22,7 +22,6 @@ without ranks below.
 from __future__ import annotations
 
 import logging
-import os
 import time
 import warnings
 
@@ -69,11 +68,8 @@ def _hold_the_gil(seconds: float, *, prelude: float) -> float:
     return time.perf_counter() - started
 
 
-def _walk_through_busy_phases(rank: int, world_size: int) -> dict:
-    from torch.nn.parallel import DistributedDataParallel
-
-    import ddp_ring_hooks
-
+def _hear() -> list[tuple[float, str, str]]:
+    """What the ``ddp_ring_hooks`` logger says from now on: (time, level, message)."""
     heard: list[tuple[float, str, str]] = []
 
     class Heard(logging.Handler):
@@ -81,6 +77,15 @@ def _walk_through_busy_phases(rank: int, world_size: int) -> dict:
             heard.append((time.time(), record.levelname, record.getMessage()))
 
     logging.getLogger("ddp_ring_hooks").addHandler(Heard())
+    return heard
+
+
+def _walk_through_busy_phases(rank: int, world_size: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+
+    heard = _hear()
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
                                                         torch.nn.Linear(64, 32)), bucket_cap_mb=0.004)
@@ -326,3 +331,40 @@ def test_a_report_at_64_ranks_is_one_store_round_trip_and_the_last_rank_to_close
         boards[0].close()
     left = [key for key in [*(f"s/{rank}" for rank in range(world)), "s/closed/0"] if store.check([key])]
     assert left == [], left
+
+
+# -- CUDA (NCCL): written against PyTorch's sources; this project's CI has no GPU ----------------
+
+
+def _gpu_rank_busy(rank: int, world_size: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+
+    heard = _hear()
+    device = torch.device("cuda", rank)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(256, 256).to(device), device_ids=[rank])
+    state = ddp_ring_hooks.register(model, stall_after=STALL_AFTER, stall_timeout=STALL_TIMEOUT)
+    torch.cuda.set_sync_debug_mode("error")  # the watchdog only queries events: any host sync raises
+    for step in range(8):
+        model(torch.randn(32, 256, device=device)).square().mean().backward()
+        if rank == BUSY_RANK and step in (2, 5):  # the others' buckets wait on the GPU meanwhile
+            with state.paused("checkpoint") if step == 5 else _nothing():
+                _busy_in_python(3 * STALL_AFTER)
+    torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize(device)
+    failure = state.observation.watchdog.failure
+    state.close()
+    return {"heard": [message for _, _, message in heard], "failure": None if failure is None else str(failure)}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs and NCCL; this machine has none (CPU-only CI)")
+@pytest.mark.timeout(200)
+def test_on_nccl_a_busy_rank_is_busy_from_event_queries_and_a_paused_one_is_not_named():
+    waiting = run_ranks(_gpu_rank_busy, 2, timeout=150, pg_timeout=PG_TIMEOUT, backend="nccl")[1]
+    assert waiting["failure"] is None, waiting["failure"]
+    assert not [line for line in waiting["heard"] if "stalled" in line], waiting["heard"]
+    busy = [line for line in waiting["heard"] if f"rank {BUSY_RANK} is busy outside the all-reduce (iteration 2, " in line]
+    assert len(busy) == 1 and not [line for line in waiting["heard"] if "(iteration 5, " in line], waiting["heard"]

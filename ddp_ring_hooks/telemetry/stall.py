@@ -287,10 +287,10 @@ class StallWatchdog(Watcher):
         self._rank, self._world_size = 0, 1
         self._timeout_s = 0.0
         self._board: _StoreBoard | None = None
-        self._me = this_process()
+        self._me = None  # who this process is (pid, host, start), read where the threads start
         self._seq = 0
         self._sightings = Sightings()
-        self._evidence = LocalEvidence(host=self._me.host, min_window=EVIDENCE_POLLS * self.poll_s)
+        self._evidence: LocalEvidence | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -403,6 +403,8 @@ class StallWatchdog(Watcher):
         if self._world_size == 1:
             return
         self._timeout_s = self.stall_timeout or GROUP_TIMEOUT_SHARE * group_timeout_s(self._group)
+        self._me = this_process()  # here, not when built: a state may be built before a fork
+        self._evidence = LocalEvidence(host=self._me.host, min_window=EVIDENCE_POLLS * self.poll_s)
         self._board = _StoreBoard(self._group, rank=self._rank, world_size=self._world_size)
         self._thread = threading.Thread(target=self._watch, name="ddp-ring-hooks-stall", daemon=True)
         self._thread.start()
@@ -635,7 +637,7 @@ def _remedy(finding: Finding, others: dict[int, RankRecord] | None, stopped: dic
     """What becomes of the stalled ranks, in one sentence (the error says it)."""
     if stopped:
         names = ", ".join(f"rank {rank} (pid {record.pid})" for rank, record in stopped.items())
-        return f"{names}: stopped on this host, sent SIGCONT after the abort, so it fails and exits"
+        return f"{names}: stopped on this host; this rank continues it (SIGCONT) after the abort, so it fails and exits"
     elsewhere = [(rank, others[rank]) for rank in finding.stalled if others is not None and rank in others
                  and others[rank].process is None and others[rank].pid is not None][:3]
     if not elsewhere:

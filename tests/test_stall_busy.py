@@ -24,10 +24,12 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from collections import Counter
 
 import pytest
 import torch
 
+from ddp_ring_hooks.telemetry.stall_report import RankRecord, Sightings, diagnose
 from tests._dist import run_ranks
 
 STALL_AFTER = 2.0
@@ -204,11 +206,6 @@ def test_stall_timeout_never_aborts_for_a_busy_rank_the_groups_own_timeout_does_
 
 
 # -- without ranks: the verdicts, the clocks, the message's size, the store's round trips ------
-
-from collections import Counter  # noqa: E402
-
-from ddp_ring_hooks.telemetry.stall_report import RankRecord, Sightings, diagnose  # noqa: E402
-
 
 def _record(rank: int, *, peer: int | None = None, reducing: bool = True, since: float = 88.0, reported: float = 99.9,
             **fields) -> RankRecord:

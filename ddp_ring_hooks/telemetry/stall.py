@@ -420,7 +420,11 @@ class StallWatchdog(Watcher):
                        record.paused)
             with self._lock:
                 announced, self._announcing = self._announcing, []
-            if content != published or announced or now - published_at >= HEARTBEAT_POLLS * self.poll_s:
+            since_published = now - published_at
+            # A change at most twice a poll (a step's end wakes this thread, and steps may be
+            # many a second: the store serves every rank); a heartbeat every few polls.
+            if (announced or (content != published and since_published >= self.poll_s / 2)
+                    or since_published >= HEARTBEAT_POLLS * self.poll_s):
                 self._seq += 1
                 self._board.publish(dataclasses.replace(record, seq=self._seq), written=announced)
                 published, published_at = content, now

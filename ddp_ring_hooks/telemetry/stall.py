@@ -34,8 +34,9 @@ watcher of the observation (:mod:`.observation`) tells them apart, in five parts
    0.1-5 s) the watchdog publishes this rank's state through the process group's store (the
    store the group was built on: torchrun's TCPStore or the file store; it keeps working when
    a peer stops answering over gloo) when it changed, or as a heartbeat, each with the next
-   sequence number: a small ``set`` at most twice a poll, from this thread (a step's end wakes it). ``paused(reason)``
-   publishes at once and waits for it (the work it marks may hold the GIL from its first line).
+   sequence number: a small ``set`` at most twice a poll, from this thread (a step's end wakes
+   it). ``paused(reason)`` publishes at once and waits for it (the work it marks may hold the
+   GIL from its first line).
 3. **Watching.** While a bucket has waited :attr:`StallWatchdog.watch_from` seconds (long enough
    before ``stall_after`` that a silent peer's number has had time to stay unchanged), the
    watchdog reads every record each poll with one ``multi_get`` and places them on its own

@@ -112,6 +112,14 @@ def test_trainer_runs_the_hook_and_native_matches_no_hook(transformers_run):
         assert_hook_runs_match(report["runs"])
 
 
+def test_trainer_evaluates_and_saves_with_the_hook_paused(transformers_run):
+    for result in transformers_run[1]:
+        seen = [(what, tuple(pauses)) for what, pauses in result["pauses"]["seen"]]
+        # eval_steps=save_steps=2 of 4 steps: at steps 2 and 4 it evaluates, then saves.
+        assert seen == [("evaluate", ("evaluation and checkpoint",)), ("save", ("evaluation and checkpoint",))] * 2, seen
+        assert result["pauses"]["after"] == [], result["pauses"]  # resumed by the end of training
+
+
 def test_trainer_with_gradient_accumulation_reduces_once_per_optimizer_step(transformers_run):
     for report in transformers_run[1]:
         ring = report["runs"]["ring"]

@@ -139,6 +139,35 @@ def _lightning_cases(rank: int, world_size: int, directory: str) -> dict:
     trainer.fit_loop.epoch_loop.max_steps = 4
     trainer.fit(CharLanguageModel(**MODEL), make_dataloader(seq_len=MODEL["seq_len"], micro_batch=MICRO_BATCH))
     results["refit_log_dir"] = logger.log_dir
+
+    # 6. Validation and checkpoint writes run with the hook paused (the stall watchdog is told):
+    #    what the watchdog says in a validation step, and while Lightning's CheckpointIO writes.
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    pauses: list = []
+
+    class Validated(CharLanguageModel):
+        def validation_step(self, batch, batch_index):
+            pauses.append(("validation_step", trainer.strategy.hook_state.observation.watchdog.pauses))
+
+    class RecordingIO(TorchCheckpointIO):
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            pauses.append(("save_checkpoint", trainer.strategy.hook_state.observation.watchdog.pauses))
+            super().save_checkpoint(checkpoint, path, storage_options=storage_options)
+
+    pl.seed_everything(0, verbose=False)
+    loader = make_dataloader(seq_len=MODEL["seq_len"], micro_batch=MICRO_BATCH)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=world_size, strategy=ring_lightning.RingDDPStrategy(), max_steps=2, logger=False,
+        val_check_interval=1, limit_val_batches=1, num_sanity_val_steps=0, enable_progress_bar=False,
+        enable_model_summary=False, plugins=[RecordingIO()],
+        callbacks=[ModelCheckpoint(dirpath=os.path.join(directory, "paused"), every_n_train_steps=1, save_top_k=-1)],
+    )
+    trainer.fit(Validated(**MODEL), loader, loader)
+    fitted = len(pauses)
+    trainer.save_checkpoint(os.path.join(directory, "paused.ckpt"))  # after the fit: the hook is closed
+    results["pauses"] = {"during_fit": pauses[:fitted], "after_fit": pauses[fitted:]}
     return results
 
 
@@ -227,6 +256,18 @@ def test_a_second_fit_of_the_same_trainer_logs_its_comm_timing(ranks):
     for tag in ("comm/ranks/straggler_rank", "comm/ranks/straggler_wait_ms", "comm/ranks/arrival_spread_ms"):
         assert [e.step for e in events.Scalars(tag)] == [0, 1, 2, 3], tag
     assert {e.value for e in events.Scalars("comm/ranks/straggler_rank")} <= {0.0, 1.0}
+
+
+def test_validation_and_checkpoint_writes_run_with_the_hook_paused(ranks):
+    for rank, result in enumerate(ranks):
+        seen = [(what, tuple(pauses)) for what, pauses in result["pauses"]["during_fit"]]
+        # val_check_interval=1 and a checkpoint every step, for max_steps=2; rank 0 writes them.
+        assert [entry for entry in seen if entry[0] == "validation_step"] == [("validation_step", ("validation",))] * 2, seen
+        saves = [entry for entry in seen if entry[0] == "save_checkpoint"]
+        assert saves == ([("save_checkpoint", ("checkpoint",))] * 2 if rank == 0 else []), seen
+        # After the fit the hook is closed: a checkpoint then pauses nothing.
+        assert [(what, tuple(p)) for what, p in result["pauses"]["after_fit"]] == (
+            [("save_checkpoint", ())] if rank == 0 else []), result["pauses"]
 
 
 def test_bad_arguments_get_errors_that_name_the_fix():

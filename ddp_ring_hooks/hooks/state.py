@@ -350,6 +350,15 @@ class HookState:
             self._failure = failure
         return failure
 
+    def paused(self, reason: str):
+        """``with state.paused("checkpoint"):`` marks planned asymmetric work (a checkpoint
+        written by rank 0, an evaluation): the ranks that wait for this one meanwhile say
+        nothing of it (no "busy" line, no verdict) and ``stall_timeout`` never fails the job
+        for it; the group's own timeout still would. Costs one store write as it starts (in the
+        store before the work: it may hold the GIL from its first line); nestable. The Lightning
+        strategy and the transformers callback pause around checkpoints and evaluation."""
+        return self.observation.watchdog.paused(reason)
+
     def close(self) -> None:
         """Stop the worker threads after the queued buckets (they restart on the next bucket),
         then close the observation: the advice panel, the timeline, the queued telemetry and

@@ -15,7 +15,9 @@ Three pieces, all opt-in::
    ``DDPStrategy(ddp_comm_hook=...)`` registers a hook only when the device is CUDA and
    silently drops it elsewhere, so a CPU run would quietly use plain DDP. The strategy
    then reads DDP's own record (``_get_ddp_logging_data()["comm_hook"]``) and fails loudly
-   if the hook is not there.
+   if the hook is not there. It pauses the hook's stall watchdog (``HookState.paused``)
+   while validation runs and while a checkpoint is written: a rank that is slower at those
+   is not reported as busy to the ranks that wait for it.
 2. :class:`CommTimingLogger` sends the hook's telemetry (per-bucket and per-step
    communication time, bytes, bus bandwidth) into the Trainer's TensorBoard logger: the same
    run directory as the loss, on the same x axis (the optimizer step).
@@ -42,6 +44,7 @@ This is the only module of the package that imports lightning.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -130,6 +133,8 @@ class RingDDPStrategy(DDPStrategy):
         # What DDP itself reported right after the hook was attached (the model is unwrapped
         # again at teardown, so this keeps the proof).
         self.reported_comm_hook: str | None = None
+        # The hook's pauses for validation (its start and end are two strategy hooks).
+        self._pauses = contextlib.ExitStack()
 
     def add_sink(self, sink: Sink) -> None:
         """Send the hook's telemetry records to ``sink`` too, for this fit (before or after the hook exists)."""
@@ -164,7 +169,26 @@ class RingDDPStrategy(DDPStrategy):
         assert self.hook_state is not None
         self.hook_state.iteration = self.lightning_module.trainer.global_step
 
+    # -- planned asymmetric work: the stall watchdog is told, so a slower rank is not "busy" --
+
+    def _paused(self, reason: str):
+        """``hook_state.paused(reason)`` during a fit, else nothing."""
+        return self.hook_state.paused(reason) if self._fitting else contextlib.nullcontext()
+
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        self._pauses.enter_context(self._paused("validation"))
+
+    def on_validation_end(self) -> None:
+        self._pauses.close()
+        super().on_validation_end()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        with self._paused("checkpoint"):
+            super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
     def teardown(self) -> None:
+        self._pauses.close()
         if self.hook_state is not None:
             self.hook_state.close()  # finish queued buckets and flush telemetry
         self._fit_sinks.clear()

@@ -21,7 +21,11 @@ it), and no backward has run yet, the moment DDP allows a hook to be registered.
 2. Timing goes into the Trainer's TensorBoard run (``report_to="tensorboard"``: the
    directory its ``TensorBoardCallback`` writes to), as ``comm/*`` next to ``train/loss``,
    on the same x axis; ``log_dir=`` puts it elsewhere; with neither, nothing is written.
-3. ``on_train_end``: rank 0 prints the per-bucket summary and the advisor's advice, and the
+3. Evaluation and checkpoints: when a step ends with the Trainer about to evaluate or save
+   (``control.should_evaluate``, ``control.should_save``), the hook's stall watchdog is paused
+   (``HookState.paused``) until the next step (or epoch) begins: a rank slower at those is not
+   reported as busy to the ranks that wait for it in the next step's first bucket.
+4. ``on_train_end``: rank 0 prints the per-bucket summary and the advisor's advice, and the
    hook state closes: its files complete, the advice added as the ``comm/advice`` text panel.
 
 A second ``train()`` on the same trainer keeps its DDP model, which keeps its hook (DDP takes
@@ -43,6 +47,7 @@ This is the only module of the package that imports transformers.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
 from typing import Any
@@ -85,6 +90,7 @@ class RingHookCallback(TrainerCallback):
         self.log_dir: str | None = None
         self._hooked: weakref.ref | None = None  # the DDP model hooked (weak: the Trainer may free it)
         self._timing = False  # between registering and the end of that train()
+        self._pause: contextlib.AbstractContextManager | None = None  # paused for an evaluation or a checkpoint
 
     def on_train_begin(self, args, state, control, **kwargs) -> None:
         ddp = self._trainer_ddp()
@@ -111,7 +117,35 @@ class RingHookCallback(TrainerCallback):
                 )
         self.hook_state.iteration = state.global_step
 
+    # -- evaluation and checkpoints: planned asymmetric work, the stall watchdog is told -----
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        self._pause_for(control)
+
+    def on_epoch_end(self, args, state, control, **kwargs) -> None:
+        self._pause_for(control)
+
+    def on_step_begin(self, args, state, control, **kwargs) -> None:
+        self._resume()
+
+    def on_epoch_begin(self, args, state, control, **kwargs) -> None:
+        self._resume()
+
+    def _pause_for(self, control) -> None:
+        """After the Trainer's flow callback decided (it runs first): pause for what comes."""
+        reasons = [name for name, due in (("evaluation", control.should_evaluate), ("checkpoint", control.should_save))
+                   if due]
+        if reasons and self._timing and self._pause is None:
+            self._pause = self.hook_state.paused(" and ".join(reasons))
+            self._pause.__enter__()
+
+    def _resume(self) -> None:
+        pause, self._pause = self._pause, None
+        if pause is not None:
+            pause.__exit__(None, None, None)
+
     def on_train_end(self, args, state, control, **kwargs) -> None:
+        self._resume()
         if not self._timing:  # a train() after the first on the same DDP model: nothing was timed
             return
         self._timing = False

@@ -75,14 +75,16 @@ class TelemetryOptions:
         capacity: how many finished steps may wait for the writer before new ones are dropped.
         summary_window: how many recent samples per bucket the summary's percentiles use.
         stall_after: seconds a bucket may wait without progress (a transfer done, a step
-            completed) before this rank reports a stall: who waits for whom, read through the
-            process group's store, and the rank at the end of the chain named (logged, warned,
-            and with ``log_dir`` the ``comm/stall`` panel and ``stall_rank{r}.json``);
-            repeated every ``stall_after`` while it lasts (:mod:`.stall`).
-        stall_timeout: seconds without progress after which the waiting bucket's Future fails
-            with an error naming the stalled rank and the group's pending transfers are
-            aborted, so the process can exit and be restarted from a checkpoint; longer than
-            ``stall_after``. ``None``: 90% of the process group's own timeout, so this error,
+            completed) before this rank judges the wait: who waits for whom, read through the
+            process group's store, and the rank at the end of the chain named: stalled when it
+            stopped reporting (logged, warned, and with ``log_dir`` the ``comm/stall`` panel and
+            ``stall_rank{r}.json``, repeated every ``stall_after`` while it lasts), busy when it
+            is alive outside the all-reduce (one line), nothing when it is paused (:mod:`.stall`).
+        stall_timeout: seconds without progress after which, if a rank stopped reporting, the
+            waiting bucket's Future fails with an error naming it and the group's pending
+            transfers are aborted, so the process can exit and be restarted from a checkpoint;
+            longer than ``stall_after``. Never for a busy or paused rank: the group's own timeout
+            ends such a wait. ``None``: 90% of the process group's own timeout, so this error,
             which names the rank, comes before the backend's, which names none.
         links: on the steps that gather across ranks (``spread_every``, the trace window), also
             time every directed link from the hook's own transfers and name a slow one

@@ -1,48 +1,70 @@
-"""``StallWatchdog``: a rank that stops answering never hangs the others silently.
+"""``StallWatchdog``: a rank that stops answering never hangs the others silently, and a busy one is never called stalled.
 
 A dead peer closes its sockets and gloo fails at once. A peer that is alive but silent
-(stopped, blocked in I/O or a deadlock, cut off by the network, a hung GPU) leaves the others
-waiting for the group's timeout, 30 minutes on gloo, and then its message names no rank. This
-watcher of the observation (:mod:`.observation`) names it, in four parts::
+(stopped, blocked in a deadlock, cut off by the network, a hung GPU) leaves the others
+waiting for the group's timeout, 30 minutes on gloo, and then its message names no rank. A
+peer that is alive and *elsewhere* (rank 0 checkpointing or evaluating while the others wait
+in bucket 0, a cold ``torch.compile``) is neither: it is busy, and the job must go on. This
+watcher of the observation (:mod:`.observation`) tells them apart, in five parts::
 
     hot path (hook, worker)       watchdog thread (sleeps)             store thread
     -----------------------       ----------------------------         ------------------------
     on_phase / on_wait / on_step  every poll: this rank's state  --->  set  stall/{rank}
-      a timestamp, and whom it      (changed, or a heartbeat)           (latest wins)
-      now waits for               a bucket waited stall_after:  --->  get every rank's record
-    forward, first bucket:          diagnose who waits for whom  <---   (bounded wait: a store
-      what training does            (:func:`.stall_report.diagnose`)     may be stuck itself)
-                                  log + warn + comm/stall + dump
-                                  stall_timeout: fail the bucket's
-                                    Future, abort the group
+      a timestamp, and whom it      and a sequence number               (latest wins)
+      now waits for               a bucket waits long:           --->  multi_get every record
+    forward, first bucket,          read them every poll, place  <---   (one round trip; a
+      paused(...): what training    them on my clock, ask /proc         bounded wait: a store
+      does                          about silent local ranks            may be stuck itself)
+                                  stall_after: judge the end of the
+                                    chain (:func:`.stall_report.diagnose`)
+                                  stalled: log + warn + comm/stall + dump
+                                  busy: one line; paused: nothing
+                                  stall_timeout, stalled only: fail the
+                                    bucket's Future, abort the group,
+                                    SIGCONT a stopped local peer
 
 1. **Marks.** Each bucket's observer keeps one tuple (since when, phase, schedule step, the peer
    it now waits for; the executor says which, ``ExecutionObserver.on_wait``); every
    transfer completed replaces it, so progress resets the clock. ``native`` (gloo's own
-   all-reduce) has no waits of ours: its bucket waits from issue to gloo's callback, and the
-   peer is named through the store only. On CUDA a bucket is watched until an event recorded
-   after it completes (``event.query()`` on this thread: never a host sync).
-2. **Liveness.** Every poll (``stall_after / 10``, 0.1-5 s) the watchdog publishes this rank's
-   state through the process group's store (the store the group was built on: torchrun's
-   TCPStore or the file store; it keeps working when a peer stops answering over gloo) when
-   it changed, or as a heartbeat: one small ``set`` per poll at most, from this thread.
-3. **Report.** When a bucket has waited ``stall_after`` seconds without progress, the watchdog
-   reads every rank's record, follows who waits for whom and names the rank at the end of the
-   chain: through the ``ddp_ring_hooks`` logger (each report; the first also as a
-   :class:`RankStalledWarning`) and, with a ``log_dir``, the ``comm/stall`` text panel and
-   ``stall_rank{r}.json`` (the finding, every rank's record, this rank's open buckets and its
-   last :data:`FLIGHT_RECORDER_BUCKETS` buckets: the flight recorder, always on). Repeated
-   every ``stall_after`` while the stall lasts; ``resumed after 14 s`` when it ends.
-4. **Timeout.** After ``stall_timeout`` seconds the bucket's Future fails (the one DDP waits
-   on, :meth:`StallWatchdog.launched`: the real completion, if it ever comes, is ignored) with
-   a :class:`RankStalledError` that the hook state names as a ``HookFailedError``, every other
+   all-reduce) has no waits of ours and gloo shows no progress inside it: its bucket waits
+   from issue to gloo's callback, and the store says whether every rank is in it. On CUDA a
+   bucket is watched until an event recorded after it completes (``event.query()`` on this
+   thread: never a host sync).
+2. **Liveness.** From registration (or the first bucket) every poll (``stall_after / 10``,
+   0.1-5 s) the watchdog publishes this rank's state through the process group's store (the
+   store the group was built on: torchrun's TCPStore or the file store; it keeps working when
+   a peer stops answering over gloo) when it changed, or as a heartbeat, each with the next
+   sequence number: a small ``set`` at most twice a poll, from this thread (a step's end wakes
+   it). ``paused(reason)`` publishes at once and waits for it (the work it marks may hold the
+   GIL from its first line).
+3. **Watching.** While a bucket has waited :attr:`StallWatchdog.watch_from` seconds (long enough
+   before ``stall_after`` that a silent peer's number has had time to stay unchanged), the
+   watchdog reads every record each poll with one ``multi_get`` and places them on its own
+   monotonic clock (:class:`~.stall_report.Sightings`: no other host's clock is read); a rank
+   on this host whose number stopped is looked up in ``/proc`` (:mod:`.liveness`).
+4. **Report.** At ``stall_after`` it follows who waits for whom to the end of the chain:
+   *stalled* (stopped reporting) goes to the ``ddp_ring_hooks`` logger (each report; the first
+   also as a :class:`RankStalledWarning`) and, with a ``log_dir``, the ``comm/stall`` text panel
+   and ``stall_rank{r}.json`` (the finding, every rank's record, this rank's open buckets and
+   its last :data:`FLIGHT_RECORDER_BUCKETS` buckets: the flight recorder, always on), repeated
+   every ``stall_after``, ``resumed after 14 s`` when it ends; *busy* is one log line and one
+   panel line per wait; *paused*, every rank in the all-reduce, a cycle of reporting ranks: no
+   line (the latest finding is kept, and named by any error that ends the wait).
+5. **Timeout.** After ``stall_timeout`` seconds, and only while the finding is *stalled* (or the
+   store did not answer), the bucket's Future fails (the one DDP waits on,
+   :meth:`StallWatchdog.launched`: the real completion, if it ever comes, is ignored) with a
+   :class:`RankStalledError` that the hook state names as a ``HookFailedError``, every other
    open bucket with it, and the group's transfers are aborted
    (:func:`~ddp_ring_hooks.runtime.abort.abort_transfers`): blocked threads are let go, the
    peers' transfers with this rank fail at once, the process can exit and torchrun restart it.
+   A stalled rank stopped by a signal on this host is then sent ``SIGCONT``: it runs into the
+   aborted group, fails and exits, instead of keeping torchrun's agent waiting on it. A busy
+   or paused rank is never aborted for: the group's own timeout ends such a wait, if anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -51,6 +73,7 @@ import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -60,8 +83,9 @@ from ..runtime.abort import abort_transfers, group_timeout_s
 from ..runtime.compat import group_store
 from ..runtime.errors import CommunicationError
 from ..runtime.observer import ExecutionObserver
+from .liveness import LocalEvidence, continue_stopped, this_process
 from .options import TelemetryOptions, group_log_dir
-from .stall_report import ALL_REDUCE, Finding, RankRecord, diagnose, seconds
+from .stall_report import ALL_REDUCE, BUSY, Finding, RankRecord, Sightings, diagnose, seconds
 from .watcher import BucketWatch, Watcher
 
 logger = logging.getLogger("ddp_ring_hooks")
@@ -77,8 +101,10 @@ STORE_ANSWER_S = 2.0
 LET_GO_S = 2.0
 #: ``stall_timeout=None`` fails at this share of the group's own timeout: before the backend.
 GROUP_TIMEOUT_SHARE = 0.9
-#: A live rank publishes at least every HEARTBEAT_POLLS polls; older than SILENT_POLLS is silent.
+#: A live rank publishes at least every HEARTBEAT_POLLS polls; unchanged for SILENT_POLLS is silent.
 HEARTBEAT_POLLS, SILENT_POLLS = 2, 5
+#: Polls of a record unchanged before /proc's view of a local rank is decided (running or idle).
+EVIDENCE_POLLS = 2
 
 
 class RankStalledWarning(RuntimeWarning):
@@ -86,13 +112,14 @@ class RankStalledWarning(RuntimeWarning):
 
 
 class RankStalledError(CommunicationError):
-    """A bucket waited ``stall_timeout`` seconds without progress (``finding``: who is stalled)."""
+    """A bucket waited ``stall_timeout`` seconds without progress (``finding``: who is stalled;
+    ``remedy``: what becomes of the stalled rank, or what to do about it)."""
 
-    def __init__(self, finding: Finding, *, waited: float, timeout: float) -> None:
+    def __init__(self, finding: Finding, *, waited: float, timeout: float, remedy: str = "") -> None:
         self.finding = finding
         super().__init__(
             f"{finding.text}; no progress for {seconds(waited)} (stall_timeout={timeout:g} s), so this bucket failed "
-            "and the hook aborted the process group's transfers, letting this process exit"
+            "and the hook aborted the process group's transfers, letting this process exit" + (f". {remedy}" if remedy else "")
         )
 
 
@@ -233,9 +260,10 @@ class FinishedBucket:
 
 
 class StallWatchdog(Watcher):
-    """Names the rank everyone waits for, and fails the wait at ``stall_timeout`` (see the
-    module docstring). Built by the observation from its options (``stall_after``,
-    ``stall_timeout``, ``log_dir``); its threads start with the first bucket."""
+    """Names the rank everyone waits for, says when it is merely busy, and fails the wait at
+    ``stall_timeout`` when it stopped reporting (see the module docstring). Built by the
+    observation from its options (``stall_after``, ``stall_timeout``, ``log_dir``); its
+    threads start when the hook is registered (or with the first bucket)."""
 
     def __init__(self, options: TelemetryOptions, recorder) -> None:
         self.stall_after = options.stall_after
@@ -243,19 +271,34 @@ class StallWatchdog(Watcher):
         self.log_dir = options.log_dir
         self.recorder = recorder
         self.poll_s = min(max(self.stall_after / 10, 0.1), 5.0)
+        self.silent_after = SILENT_POLLS * self.poll_s
+        #: A bucket waiting this long has the others' records read every poll: by stall_after a
+        #: silent peer's number has stayed unchanged for longer than silent_after.
+        self.watch_from = max(0.0, self.stall_after - self.silent_after - 2 * self.poll_s)
         #: The flight recorder: the last finished buckets (appends only on the hot path).
         self.recent: deque[FinishedBucket] = deque(maxlen=FLIGHT_RECORDER_BUCKETS)
         self._open: dict[_BucketProgress, None] = {}  # running or queued, in hand-over order
         self._handed: tuple[BucketWatch, _BucketProgress] | None = None  # between hand-over and launch
         self._training = (time.monotonic(), "starting", 0)  # (since, what, iteration)
+        self._last_handed = -1  # the last iteration whose last bucket was handed over
+        self._paused: tuple[str, ...] = ()  # HookState.paused, innermost last
+        self._announcing: list[threading.Event] = []  # paused() callers waiting for their record
         self._steps_seen = 0
         self._group = None
         self._rank, self._world_size = 0, 1
         self._timeout_s = 0.0
         self._board: _StoreBoard | None = None
+        self._me = None  # who this process is (pid, host, start), read where the threads start
+        self._seq = 0
+        self._sightings = Sightings()
+        self._evidence: LocalEvidence | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._stall: _Stall | None = None
+        #: The busy episode last named, by rank: (iteration, doing). Once each, whichever
+        #: bucket of this rank waits for it (lane 1's bucket may wait on after lane 0's).
+        self._told_busy: dict[int, tuple[int, str]] = {}
         self._report: str | None = None
         self.failure: RankStalledError | None = None
         self._handles: list = []
@@ -266,9 +309,50 @@ class StallWatchdog(Watcher):
 
     def attach(self, ddp_model, *, algorithm: str, concurrent_buckets: int, group) -> None:
         self._handles.append(ddp_model.register_forward_pre_hook(self._forward))
+        # Report from now on: a rank whose first forward takes long (a cold torch.compile, a
+        # slow data loader) is busy, not a rank that never reported.
+        if self._thread is None and not self._closed and dist.is_available() and dist.is_initialized():
+            group = group if group is not None else dist.group.WORLD
+            self._start_on(group, rank=dist.get_rank(group), world_size=dist.get_world_size(group))
 
     def _forward(self, module, inputs) -> None:
         self._training = (time.monotonic(), "forward", self._steps_seen)
+
+    @contextlib.contextmanager
+    def paused(self, reason: str) -> Iterator[None]:
+        """Mark planned asymmetric work (a checkpoint, an evaluation): while it lasts, a rank
+        waiting for this one reports nothing and ``stall_timeout`` does not fail it (the group's
+        own timeout still would). The record saying so is in the store before the work starts
+        (it may hold the GIL from its first line); nestable."""
+        if not isinstance(reason, str) or not reason:
+            raise ValueError(f"paused() takes a reason, a non-empty string such as 'checkpoint'; got {reason!r}")
+        self._paused = (*self._paused, reason)
+        try:
+            self._announce()
+            yield
+        finally:
+            index = len(self._paused) - 1 - self._paused[::-1].index(reason)
+            self._paused = self._paused[:index] + self._paused[index + 1:]
+            if not self._paused:  # busy from now on, if it stays away: the pause did not count
+                _, doing, iteration = self._training
+                self._training = (time.monotonic(), doing, iteration)
+            self._wake.set()
+
+    @property
+    def pauses(self) -> tuple[str, ...]:
+        """The reasons this rank is paused for now (:meth:`paused`), innermost last."""
+        return self._paused
+
+    def _announce(self) -> None:
+        """Wake the watchdog and wait until this rank's record is in the store (at most
+        :data:`STORE_ANSWER_S`: a store that does not answer must not stop training)."""
+        if self._thread is None:
+            return
+        written = threading.Event()
+        with self._lock:
+            self._announcing.append(written)
+        self._wake.set()
+        written.wait(STORE_ANSWER_S)
 
     def on_bucket(self, bucket: BucketWatch) -> ExecutionObserver:
         if self._thread is None and not self._closed:
@@ -277,6 +361,8 @@ class StallWatchdog(Watcher):
         self._handed = (bucket, progress)
         if bucket.index == 0:
             self._training = (progress.handed, "backward", progress.iteration)
+        if bucket.is_last:
+            self._last_handed = progress.iteration
         self._steps_seen = bucket.step
         with self._lock:
             self._open[progress] = None
@@ -302,16 +388,24 @@ class StallWatchdog(Watcher):
             idle = not self._open
         progress.finished = now
         self.recent.append(progress.record())
-        if idle and progress.is_last:
+        if idle and self._last_handed == progress.iteration:  # the step's buckets may end in any order
             self._training = (now, "after the all-reduce", progress.iteration)
+            # Publish it now, not at the next poll: what comes next (a checkpoint) may hold the
+            # GIL, and then the others would only ever see this rank in its backward.
+            self._wake.set()
 
     # -- the watchdog thread -----------------------------------------------------------------
 
     def _start(self, bucket: BucketWatch) -> None:
-        self._group, self._rank, self._world_size = bucket.group, bucket.rank, bucket.world_size
+        self._start_on(bucket.group, rank=bucket.rank, world_size=bucket.world_size)
+
+    def _start_on(self, group, *, rank: int, world_size: int) -> None:
+        self._group, self._rank, self._world_size = group, rank, world_size
         if self._world_size == 1:
             return
         self._timeout_s = self.stall_timeout or GROUP_TIMEOUT_SHARE * group_timeout_s(self._group)
+        self._me = this_process()  # here, not when built: a state may be built before a fork
+        self._evidence = LocalEvidence(host=self._me.host, min_window=EVIDENCE_POLLS * self.poll_s)
         self._board = _StoreBoard(self._group, rank=self._rank, world_size=self._world_size)
         self._thread = threading.Thread(target=self._watch, name="ddp-ring-hooks-stall", daemon=True)
         self._thread.start()
@@ -323,22 +417,51 @@ class StallWatchdog(Watcher):
             self._poll_gpu(now)
             waiting, state = self._longest_wait()  # state: read once, the bucket's thread moves on
             record = self._record(waiting, state, now)
-            content = (record.iteration, record.doing, record.since, record.bucket, record.step_index, record.peer)
-            if content != published or now - published_at >= HEARTBEAT_POLLS * self.poll_s:
-                self._board.publish(record)
+            content = (record.iteration, record.doing, record.since, record.bucket, record.step_index, record.peer,
+                       record.paused)
+            with self._lock:
+                announced, self._announcing = self._announcing, []
+            since_published = now - published_at
+            # A change at most twice a poll (a step's end wakes this thread, and steps may be
+            # many a second: the store serves every rank); a heartbeat every few polls.
+            if (announced or (content != published and since_published >= self.poll_s / 2)
+                    or since_published >= HEARTBEAT_POLLS * self.poll_s):
+                self._seq += 1
+                self._board.publish(dataclasses.replace(record, seq=self._seq), written=announced)
                 published, published_at = content, now
             if self.failure is None:  # after the timeout, nothing is reported again
-                self._judge(waiting, state, record, now)
-            if self._stop.wait(self.poll_s):
+                self._judge(waiting, state, dataclasses.replace(record, seq=self._seq), now)
+            self._wake.wait(self.poll_s)
+            self._wake.clear()
+            if self._stop.is_set():
                 return
 
     def _judge(self, waiting: _BucketProgress | None, state: tuple | None, record: RankRecord, now: float) -> None:
-        """Report a wait that lasts, or that the one reported is over."""
-        stalled = waiting is not None and now - state[0] >= min(self.stall_after, self._timeout_s)
-        if self._stall is not None and not (stalled and self._stall.is_wait(waiting, state)):
-            self._resumed()
-        if stalled:
-            self._on_stall(waiting, state[0], record, now)
+        """Watch a wait that lasts: read the others from :attr:`watch_from` on, judge from
+        ``stall_after`` on; say when the wait reported is over."""
+        if self._stall is not None and not (waiting is not None and self._stall.is_wait(waiting, state)):
+            self._wait_over()
+        if waiting is None or now - state[0] < self.watch_from:
+            return
+        others = self._look()
+        now = time.monotonic()  # as of the store's answer: the others' records are placed there
+        if now - state[0] >= min(self.stall_after, self._timeout_s):
+            self._on_wait(waiting, state[0], dataclasses.replace(record, reported=now), others, now)
+
+    def _look(self) -> dict[int, RankRecord] | None:
+        """Every other rank's record on this rank's clock, with what ``/proc`` shows of a local
+        one that stopped reporting; ``None`` if the store did not answer."""
+        read = self._board.read(timeout=STORE_ANSWER_S)
+        if read is None:
+            return None
+        seen_at = time.monotonic()
+        placed = self._sightings.place(read, seen_at=seen_at)
+        return {rank: self._with_evidence(rank, record, seen_at) for rank, record in placed.items()}
+
+    def _with_evidence(self, rank: int, record: RankRecord, now: float) -> RankRecord:
+        process = self._evidence.judge(rank, host=record.host, pid=record.pid, started=record.started,
+                                       number=(record.attempt, record.seq), unchanged_for=now - record.reported, now=now)
+        return record if process is None else dataclasses.replace(record, process=process)
 
     def _poll_gpu(self, now: float) -> None:
         """CUDA buckets are done when their event is (a query, never a wait); they run one after
@@ -362,42 +485,63 @@ class StallWatchdog(Watcher):
         return min(running, key=lambda pair: pair[1][0], default=(None, None))
 
     def _record(self, waiting: _BucketProgress | None, state: tuple | None, now: float) -> RankRecord:
-        wall = time.time() - now  # monotonic -> wall clock, for the other ranks
-        common = {"rank": self._rank, "reported": now + wall, "silent_after": SILENT_POLLS * self.poll_s,
-                  "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
+        """This rank's state, on its own monotonic clock (readers place it on theirs)."""
+        common = {"rank": self._rank, "reported": now, "silent_after": self.silent_after,
+                  "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                  "paused": self._paused[-1] if self._paused else None,
+                  "pid": self._me.pid, "host": self._me.host, "started": self._me.started}
         if waiting is None:
             since, doing, iteration = self._training
-            return RankRecord(iteration=iteration, doing=doing, since=since + wall, **common)
+            return RankRecord(iteration=iteration, doing=doing, since=since, **common)
         since, phase, index, steps, peer = state
         return RankRecord(
-            iteration=waiting.iteration, doing=ALL_REDUCE, since=since + wall, bucket=waiting.index,
+            iteration=waiting.iteration, doing=ALL_REDUCE, since=since, bucket=waiting.index,
             algorithm=waiting.algorithm, phase=phase, step_index=index, num_steps=steps, peer=peer, **common,
         )
 
-    def _on_stall(self, waiting: _BucketProgress, since: float, record: RankRecord, now: float) -> None:
+    def _on_wait(self, waiting: _BucketProgress, since: float, record: RankRecord, others, now: float) -> None:
+        """A wait of ``stall_after`` or more: judge it each poll, say what changed, fail it at the
+        timeout if a rank stopped reporting."""
         waited = now - since
-        timed_out = waited >= self._timeout_s
+        finding = diagnose(record, others, world_size=self._world_size, now=now)
+        self._report = finding.text
         if self._stall is None:
             self._stall = _Stall(waiting, since)
-        elif waited < self._stall.next_report and not timed_out:
-            return
-        self._stall.next_report = (waited // self.stall_after + 1) * self.stall_after
-        others = self._board.read(timeout=STORE_ANSWER_S)
-        # As of this poll (the record's time), not of the store's answer.
-        finding = diagnose(record, others, world_size=self._world_size, now=record.reported)
-        self._report = finding.text
-        if timed_out:
+        stall = self._stall
+        if finding.aborts and waited >= self._timeout_s:
             self._time_out(finding, others, waited)
             return
-        logger.warning(finding.text)
-        if self._stall.reports == 0:
-            warnings.warn(finding.text, RankStalledWarning, stacklevel=1)
-        self._stall.reports += 1
-        self._publish(finding.text, others, finding, iteration=waiting.iteration)
+        if finding.aborts:
+            if stall.reports and waited < stall.next_report:
+                return
+            stall.next_report = (waited // self.stall_after + 1) * self.stall_after
+            logger.warning(finding.text)
+            if stall.reports == 0:
+                warnings.warn(finding.text, RankStalledWarning, stacklevel=1)
+            stall.reports += 1
+            self._publish(finding.text, others, finding, iteration=waiting.iteration)
+        elif finding.kind == BUSY and self._new_busy(finding, others, now):
+            logger.warning(finding.text)  # once per busy episode: no warning, no dump
+            self._publish(finding.text, None, None, iteration=waiting.iteration)
+        elif finding.kind != stall.kind:
+            logger.debug(finding.text)  # paused, moving data, a cycle of reporting ranks
+        stall.kind = finding.kind
 
-    def _resumed(self) -> None:
+    def _new_busy(self, finding: Finding, others: dict[int, RankRecord], now: float) -> bool:
+        """Whether ``finding`` names a rank busy for ``stall_after`` or longer in an episode not
+        named yet (and remember it). Shorter: this wait is older than its being away (it was
+        paused, say), and the next polls will tell."""
+        episodes = {rank: (others[rank].iteration, others[rank].doing) for rank in finding.busy
+                    if rank in others and now - others[rank].since >= self.stall_after}
+        new = any(self._told_busy.get(rank) != episode for rank, episode in episodes.items())
+        self._told_busy.update(episodes)
+        return new
+
+    def _wait_over(self) -> None:
         stall, self._stall = self._stall, None
         self._report = None
+        if stall.reports == 0:  # busy, paused, in flight: nothing to take back
+            return
         progress = stall.progress
         moved = progress.finished if progress.finished is not None else progress.state[0]
         text = (f"rank {self._rank}: bucket {progress.index} of iteration {progress.iteration} resumed after "
@@ -406,7 +550,9 @@ class StallWatchdog(Watcher):
         self._publish(text, None, None, iteration=progress.iteration)
 
     def _time_out(self, finding: Finding, others: dict | None, waited: float) -> None:
-        error = self.failure = RankStalledError(finding, waited=waited, timeout=self._timeout_s)
+        stopped = _stopped_here(finding, others)
+        error = self.failure = RankStalledError(finding, waited=waited, timeout=self._timeout_s,
+                                                remedy=_remedy(finding, others, stopped))
         logger.error(str(error))
         self._publish(str(error), others, finding, iteration=self._stall.progress.iteration, timed_out=True)
         with self._lock:
@@ -419,10 +565,18 @@ class StallWatchdog(Watcher):
         # gloo's wait when the training script ends is killed by the interpreter's exit, and
         # that aborts the process ("terminate called without an active exception").
         abort_transfers(self._group, peer=stuck_on)
+        self._continue(stopped)
         let_go_by = time.monotonic() + LET_GO_S
         for progress, failure in claimed:
             if failure is not None:
                 progress.fail(failure, let_go_by=let_go_by)
+
+    def _continue(self, stopped: dict[int, RankRecord]) -> None:
+        """After the abort, so the stopped ranks resume into a group that fails them: ``SIGCONT``."""
+        for rank, record in stopped.items():
+            if continue_stopped(record.pid, record.started):
+                logger.warning(f"rank {self._rank}: sent SIGCONT to rank {rank} (pid {record.pid}), stopped on this host, "
+                               "so that it runs into the aborted group, fails and exits")
 
     def _publish(self, text: str, others, finding: Finding | None, *, iteration: int, timed_out: bool = False) -> None:
         """The report's panel and this rank's dump (with a ``log_dir``)."""
@@ -434,7 +588,7 @@ class StallWatchdog(Watcher):
 
     def _dump(self, finding: Finding, others: dict | None, *, timed_out: bool) -> None:
         now = time.monotonic()
-        wall = time.time() - now
+        wall = time.time() - now  # this rank's own clock, for people: no verdict reads it
         with self._lock:
             open_buckets = list(self._open)
         dump = {
@@ -458,7 +612,8 @@ class StallWatchdog(Watcher):
     # -- reading -----------------------------------------------------------------------------
 
     def report(self) -> str | None:
-        """The latest finding while a stall lasts (``None`` when nothing waits too long)."""
+        """The latest finding while a bucket waits ``stall_after`` or longer (``None`` otherwise):
+        who is stalled, busy or paused."""
         return self._report
 
     # -- closing -----------------------------------------------------------------------------
@@ -469,6 +624,7 @@ class StallWatchdog(Watcher):
             handle.remove()
         self._handles.clear()
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -476,14 +632,36 @@ class StallWatchdog(Watcher):
             self._board.close()
 
 
+def _stopped_here(finding: Finding, others: dict[int, RankRecord] | None) -> dict[int, RankRecord]:
+    """The stalled ranks that ``/proc`` shows stopped by a signal, on this host."""
+    return {rank: others[rank] for rank in finding.stalled
+            if others is not None and rank in others and others[rank].process == "stopped"}
+
+
+def _remedy(finding: Finding, others: dict[int, RankRecord] | None, stopped: dict[int, RankRecord]) -> str:
+    """What becomes of the stalled ranks, in one sentence (the error says it)."""
+    if stopped:
+        names = ", ".join(f"rank {rank} (pid {record.pid})" for rank, record in stopped.items())
+        return f"{names}: stopped on this host; this rank continues it (SIGCONT) after the abort, so it fails and exits"
+    elsewhere = [(rank, others[rank]) for rank in finding.stalled if others is not None and rank in others
+                 and others[rank].process is None and others[rank].pid is not None][:3]
+    if not elsewhere:
+        return ""
+    names = ", ".join(f"rank {rank} (pid {record.pid})" for rank, record in elsewhere)
+    return (f"If {names} stays stopped on its host (nothing here can reach it), its launcher may wait for it: "
+            f"end it there (kill -CONT {elsewhere[0][1].pid}, or kill -KILL {elsewhere[0][1].pid})")
+
+
 class _Stall:
-    """The wait being reported: which bucket, since when, how often reported, the next time."""
+    """The wait being watched: which bucket, since when, how often reported as stalled, the
+    next time, and the last verdict."""
 
     def __init__(self, progress: _BucketProgress, since: float) -> None:
         self.progress = progress
         self.since = since
         self.reports = 0
         self.next_report = 0.0
+        self.kind: str | None = None
 
     def is_wait(self, progress: _BucketProgress, state: tuple) -> bool:
         return progress is self.progress and state[0] == self.since
@@ -492,29 +670,41 @@ class _Stall:
 class _StoreBoard:
     """Every rank's record in the process group's store, written and read on a thread of its
     own: a store whose server is stuck (hosted by the frozen rank, say) blocks only this thread,
-    and the watchdog waits for it at most :data:`STORE_ANSWER_S`."""
+    and the watchdog waits for it at most :data:`STORE_ANSWER_S`.
 
-    def __init__(self, group, *, rank: int, world_size: int) -> None:
+    A read is one ``multi_get`` of the other ranks' keys: one round trip, however many ranks
+    (until every rank has published once it checks first, and reads the keys there are one
+    by one). ``multi_get`` waits for a missing key, so no rank deletes its own while the others
+    may read it: at :meth:`close` each rank counts itself out, and the last one deletes every key."""
+
+    def __init__(self, group, *, rank: int, world_size: int, store=None, prefix: str | None = None) -> None:
         # The group's own store, not a clone: a clone is a second connection to the same server,
         # no help when that server is the one stuck, and one more socket per rank on it. Its
         # calls are serialized by the store client itself.
-        self._store = group_store(group)
-        prefix = f"ddp_ring_hooks/stall/{_board_index(group)}"
+        self._store = group_store(group) if store is None else store
+        prefix = f"ddp_ring_hooks/stall/{_board_index(group)}" if prefix is None else prefix
         self._keys = [f"{prefix}/{r}" for r in range(world_size)]
+        self._others = [key for r, key in enumerate(self._keys) if r != rank]
+        self._closed_key = f"{prefix}/closed/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
         self._rank = rank
+        self._world_size = world_size
+        self._everyone_published = False
         self._pending: RankRecord | None = None
+        self._written: list[threading.Event] = []  # set once the pending record is in the store
         self._read_wanted = False
         self._read_at = -1.0
-        self._others: dict[int, RankRecord] | None = None
+        self._read: dict[int, RankRecord] | None = None
         self._stopping = False
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="ddp-ring-hooks-stall-store", daemon=True)
         self._thread.start()
 
-    def publish(self, record: RankRecord) -> None:
-        """Write ``record`` soon (a newer one replaces it if the store is slow)."""
+    def publish(self, record: RankRecord, *, written: list[threading.Event] = ()) -> None:
+        """Write ``record`` soon (a newer one replaces it if the store is slow); set each of
+        ``written`` once it (or a newer one) is in the store."""
         with self._changed:
             self._pending = record
+            self._written.extend(written)
             self._changed.notify()
 
     def read(self, *, timeout: float) -> dict[int, RankRecord] | None:
@@ -526,7 +716,7 @@ class _StoreBoard:
             self._changed.notify()
             if not self._changed.wait_for(lambda: self._read_at >= asked, timeout):
                 return None
-            return self._others
+            return self._read
 
     def close(self) -> None:
         with self._changed:
@@ -539,14 +729,18 @@ class _StoreBoard:
             with self._changed:
                 self._changed.wait_for(lambda: self._stopping or self._pending is not None or self._read_wanted)
                 if self._stopping:
-                    return
+                    break
                 record, self._pending = self._pending, None
+                written, self._written = self._written, []
                 reading, self._read_wanted = self._read_wanted, False
-            others = self._exchange(record, reading)
+            read = self._exchange(record, reading)
+            for event in written:
+                event.set()
             if reading:
                 with self._changed:
-                    self._others, self._read_at = others, time.monotonic()
+                    self._read, self._read_at = read, time.monotonic()
                     self._changed.notify_all()
+        self._retire()
 
     def _exchange(self, record: RankRecord | None, reading: bool) -> dict[int, RankRecord] | None:
         try:
@@ -554,13 +748,34 @@ class _StoreBoard:
                 self._store.set(self._keys[self._rank], record.to_json())
             if not reading:
                 return None
-            return {
-                rank: RankRecord.from_json(self._store.get(key))
-                for rank, key in enumerate(self._keys) if rank != self._rank and self._store.check([key])
-            }
+            if not self._everyone_published:
+                if not self._store.check(self._others):
+                    return self._read_one_by_one()
+                self._everyone_published = True
+            values = self._store.multi_get(self._others)
+            ranks = [r for r in range(self._world_size) if r != self._rank]
+            return {rank: RankRecord.from_json(value) for rank, value in zip(ranks, values)}
         except (RuntimeError, ValueError) as error:  # the store failed (DistStoreError) or a record is garbled
+            self._everyone_published = False  # a key gone (a run before a restart retiring): check again
             logger.debug("the stall watchdog's store exchange failed: %s", error)
             return None
+
+    def _read_one_by_one(self) -> dict[int, RankRecord]:
+        """Before every rank has published: the keys there are (two round trips each)."""
+        return {
+            rank: RankRecord.from_json(self._store.get(key))
+            for rank, key in enumerate(self._keys) if rank != self._rank and self._store.check([key])
+        }
+
+    def _retire(self) -> None:
+        """Count this rank out; the last one deletes every key (a FileStore would otherwise keep
+        every record ever written). A rank that never closes leaves them."""
+        try:
+            if self._store.add(self._closed_key, 1) == self._world_size:
+                for key in (*self._keys, self._closed_key):
+                    self._store.delete_key(key)
+        except (RuntimeError, ValueError) as error:
+            logger.debug("the stall watchdog could not retire its keys: %s", error)
 
 
 _BOARDS: dict[str, int] = {}
@@ -568,7 +783,7 @@ _BOARDS_LOCK = threading.Lock()
 
 
 def _board_index(group) -> int:
-    """Hook states on one group, numbered in the order their first bucket arrives (the same on
+    """Hook states on one group, numbered in the order their watchdogs start (the same on
     every rank): each publishes under keys of its own."""
     name = distributed_c10d._get_process_group_name(group)
     with _BOARDS_LOCK:

@@ -146,6 +146,28 @@ def transformers_checks(out: Path) -> dict:
         "max_parameter_difference": max_difference(snapshot(ring_trainer.model), snapshot(plain_trainer.model)),
         "warnings": caught_messages(caught),
     }
+    # Evaluation and checkpoints run with the hook paused (the stall watchdog is told): what
+    # the watchdog says while the Trainer evaluates and while it writes a checkpoint.
+    class PauseRecordingTrainer(Trainer):
+        def evaluate(self, *args, **kwargs):
+            self.pauses.append(("evaluate", self.ring.hook_state.observation.watchdog.pauses))
+            return super().evaluate(*args, **kwargs)
+
+        def _save_checkpoint(self, *args, **kwargs):
+            self.pauses.append(("save", self.ring.hook_state.observation.watchdog.pauses))
+            return super()._save_checkpoint(*args, **kwargs)
+
+    set_seed(0)
+    pausing = PauseRecordingTrainer(model=GPT2LMHeadModel(config), train_dataset=data, eval_dataset=data[:4], args=TrainingArguments(
+        str(out / "trainer_paused"), max_steps=4, per_device_train_batch_size=2, learning_rate=1e-3, use_cpu=True,
+        ddp_backend="gloo", report_to="none", eval_strategy="steps", eval_steps=2, save_strategy="steps",
+        save_steps=2, disable_tqdm=True, seed=0,
+    ))
+    pausing.pauses, pausing.ring = [], RingHookCallback(pausing, print_summary=False)
+    pausing.add_callback(pausing.ring)
+    pausing.train()
+    results["pauses"] = {"seen": pausing.pauses, "after": pausing.ring.hook_state.observation.watchdog.pauses}
+
     # Before train() the Trainer has not wrapped the model: the callback says so.
     unwrapped = trainer_for("unwrapped")
     results["not_ddp_error"] = error_of(

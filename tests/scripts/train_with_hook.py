@@ -9,10 +9,13 @@ and ``--kill-step``, that rank SIGKILLs itself at that step on the first attempt
     attempt 0:  step 0 -> ckpt 1, step 1 -> ckpt 2, step 2: rank 1 killed   (agent restarts all)
     attempt 1:  load ckpt 2 (hook state: iteration 2), step 2, step 3, ... -> results
 
-With ``--stall-rank`` and ``--stall-step`` that rank hangs instead (it sleeps in its training
-loop, as a deadlock or a blocked read would keep it): alive, never coming to the all-reduce.
-The others' stall watchdog (``--stall-after``, ``--stall-timeout``) fails their bucket at the
-timeout naming it, they exit, and the agent stops the hung rank and restarts everyone.
+With ``--stall-rank`` and ``--stall-step`` that rank freezes for good instead (SIGSTOP, as a
+debugger, a page storm or a hung driver would stop it), on the first attempt only, after
+writing ``frozen`` (its pid and the time) to ``--out``. The others' stall watchdog
+(``--stall-after``, ``--stall-timeout``) fails their bucket at the timeout naming it and
+sends the stopped rank SIGCONT; it runs into the aborted group and fails, everyone exits, and
+the agent restarts everyone (or, without restarts, the job ends). Every rank writes
+``pid_rank{r}_attempt{a}`` (its pid) when it starts, so a test can look for processes left.
 
 Used by ``tests/test_faults.py`` (elastic restart), ``tests/test_stall.py`` (restart after a
 stall) and ``tests/test_multinode.py`` (two agents, hierarchical hook).
@@ -104,7 +107,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--algorithm", default="ring", help="hook algorithm (ring, hierarchical, ...)")
     parser.add_argument("--kill-rank", type=int, default=-1, help="rank that SIGKILLs itself (first attempt only)")
     parser.add_argument("--kill-step", type=int, default=-1, help="step at which it does")
-    parser.add_argument("--stall-rank", type=int, default=-1, help="rank that hangs (first attempt only)")
+    parser.add_argument("--stall-rank", type=int, default=-1, help="rank that freezes for good (first attempt only)")
     parser.add_argument("--stall-step", type=int, default=-1, help="step at which it does")
     parser.add_argument("--stall-after", type=float, help="the hook's stall_after (seconds)")
     parser.add_argument("--stall-timeout", type=float, help="the hook's stall_timeout (seconds)")
@@ -131,6 +134,7 @@ def main() -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     init_process_group(attempt)
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    (args.out / f"pid_rank{rank}_attempt{attempt}").write_text(str(os.getpid()))
     checkpoint = args.out / "checkpoint.pt"
 
     model = DistributedDataParallel(make_model())
@@ -155,7 +159,9 @@ def main() -> None:
         if attempt == 0 and rank == args.kill_rank and step == args.kill_step:
             os.kill(os.getpid(), signal.SIGKILL)
         if attempt == 0 and rank == args.stall_rank and step == args.stall_step:
-            time.sleep(3600)  # until the agent stops it
+            time.sleep(0.5)  # its watchdog (polling every stall_after / 10) has published that much
+            (args.out / "frozen").write_text(f"{os.getpid()} {time.time()!r}")
+            os.kill(os.getpid(), signal.SIGSTOP)  # until the others' watchdog continues it
         batch = make_batch(step, rank)
         optimizer.zero_grad()
         loss_of(model, batch).backward()

@@ -29,11 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from ..schedules import WIRE_DTYPE, wire_of
+from ..schedules.wire import short_name
 
 #: The torch dtype of each narrower wire dtype's name (``fp32`` means "as the bucket is").
 NARROW_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
-#: The names of the dtypes, as the summary and the wire check say them.
-SHORT_NAMES = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +75,7 @@ def wire_dtype_for(dtype: torch.dtype, options: Mapping[str, object] | tuple | s
         raise TypeError(
             f"{WIRE_DTYPE.name}={name!r} is not narrower than this {_named(dtype)} bucket, so it would send as many "
             f"bytes and round them differently. Pass {WIRE_DTYPE.name}='fp32' (the default: a bucket travels as it is), "
-            f"or {WIRE_DTYPE.name}={SHORT_NAMES.get(dtype, 'fp32')!r}"
+            f"or {WIRE_DTYPE.name}={short_name(str(dtype))!r}"
         )
     return wire
 
@@ -89,10 +88,6 @@ def bucket_bytes(tensor: torch.Tensor, wire: torch.dtype | None) -> BucketBytes:
     return BucketBytes(nbytes, tensor.numel() * wire.itemsize, str(wire).removeprefix("torch."))
 
 
-def short_name(dtype: str) -> str:
-    """A dtype as ``wire_dtype`` names it: ``"bfloat16"`` -> ``"bf16"`` (others as they are)."""
-    return next((short for d, short in SHORT_NAMES.items() if str(d).removeprefix("torch.") == dtype), dtype)
-
-
 def _named(dtype: torch.dtype) -> str:
-    return f"{str(dtype).removeprefix('torch.')} ({SHORT_NAMES[dtype]})" if dtype in SHORT_NAMES else str(dtype).removeprefix("torch.")
+    name = str(dtype).removeprefix("torch.")
+    return f"{name} ({short_name(name)})" if short_name(name) != name else name

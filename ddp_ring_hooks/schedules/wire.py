@@ -41,6 +41,15 @@ PRICED_ELEMENT_BYTES = 4
 CAST_PASSES = 2.0
 
 
+#: torch's names of the dtypes, as ``wire_dtype`` (and the summary) names them.
+SHORT_NAMES: dict[str, str] = {"float32": "fp32", "float64": "fp64", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def short_name(dtype: str) -> str:
+    """A dtype as ``wire_dtype`` names it: ``"bfloat16"`` -> ``"bf16"`` (others as they are)."""
+    return SHORT_NAMES.get(dtype.removeprefix("torch."), dtype)
+
+
 def check_wire_dtype(value: object) -> str | None:
     """The option's check: one of the names in :data:`WIRE_BYTES`."""
     if value in WIRE_BYTES:

@@ -6,7 +6,7 @@ import collections
 import math
 from collections.abc import Iterable
 
-from ..runtime.wire import short_name
+from ..schedules.wire import short_name
 from .records import StepRecord
 from .sinks import Sink
 

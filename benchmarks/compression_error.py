@@ -12,14 +12,22 @@ summed in float64:
   divide in the wire dtype, gloo's all-reduce in the wire dtype, cast back);
 - ``native``: our ``native`` with the same wire (it should equal ``pytorch``: the same steps).
 
-Error, per element ``i``: ``|y_i - s_i| / m_i`` with ``s`` the exact average and ``m_i = Σ_r
-|x_ri| / p`` (what no partial sum exceeds; the measure of the documented bound, ``p · u``). The
-table gives its maximum and, in units of the wire's unit roundoff ``u`` (bf16 2^-8, fp16 2^-11),
-that maximum / u next to the bound's ``p``. With ``--check`` the exit status is 1 unless ours is
-at most PyTorch's at every ``p`` (the issue's target)::
+Two errors, against ``s``, the exact average:
+
+- the *relative error* ``||y - s|| / ||s||`` (2-norms over the buffer), the largest over
+  ``--trials`` seeded inputs: what the issue's target compares (``--check``: exit status 1
+  unless ours is at most PyTorch's at every ``p`` and wire);
+- the largest *elementwise* error ``max_i |y_i - s_i| / m_i``, ``m_i = Σ_r |x_ri| / p`` (what no
+  partial sum exceeds), in units of the wire's unit roundoff ``u`` (bf16 2^-8, fp16 2^-11): the
+  measure of the documented bound, ``p · u``. Both ways reach the same worst elements (a chain of
+  large partial sums each rounded by half a step), so this maximum is a near tie at small ``p``;
+  ours rounds fewer values (no contribution but the chain's first is rounded alone), which the
+  norm shows.
+
+::
 
     python benchmarks/compression_error.py                       # p = 2, 4, 8; bf16, fp16; 1M elements
-    python benchmarks/compression_error.py --world-sizes 2,4,8 --numel 1048576 --check --json error.json
+    python benchmarks/compression_error.py --world-sizes 2,4,8 --numel 1048576 --trials 3 --check --json error.json
     python benchmarks/compression_error.py --wires fp16 --scale 1e-6   # fp16's guard: tiny gradients
 
 ``--scale 1e-6``: what dividing first costs fp16. Gradients of 1e-6 divided by ``p`` fall below
@@ -58,7 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--numel", type=int, default=1 << 20, metavar="N", help="elements per rank (default: 1048576)")
     parser.add_argument("--scale", type=float, default=1.0, metavar="S",
                         help="gradients ~ S * N(0, 1) (default: 1; try 1e-6 for fp16's subnormals)")
-    parser.add_argument("--check", action="store_true", help="exit 1 unless ours <= PyTorch's at every p")
+    parser.add_argument("--trials", type=int, default=3, metavar="T", help="seeded inputs per p (default: 3)")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 unless ours <= PyTorch's relative error at every p and wire")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per world size (default: 600)")
     args = parser.parse_args(argv)
@@ -78,22 +88,28 @@ def pytorch_hook(tensor: torch.Tensor, wire: torch.dtype) -> None:
 
 
 def errors_on_rank(rank: int, world_size: int, args: argparse.Namespace) -> dict:
-    """Every (wire, method)'s error on this rank's copy of the average (the same on every rank)."""
+    """Every (wire, method)'s errors on this rank's copy of the average (the same on every rank),
+    the largest over the trials."""
     torch.set_num_threads(1)
-    inputs = [torch.randn(args.numel, generator=torch.Generator().manual_seed(r)) * args.scale for r in range(world_size)]
-    exact = torch.stack([x.double() / world_size for x in inputs]).sum(0)
-    magnitude = torch.stack([x.double().abs() / world_size for x in inputs]).sum(0).clamp_min(1e-300)
     methods = {f"ours {a}": (lambda t, w, a=a: all_reduce_average(t, a, w)) for a in args.algorithms}
     methods["native"] = lambda t, w: all_reduce_average(t, "native", w)
     methods["pytorch"] = lambda t, w: pytorch_hook(t, WIRES[w])
-    found = {}
-    for wire in args.wires:
-        for name, method in methods.items():
-            result = inputs[rank].clone()
-            method(result, wire)
-            error = (result.double() - exact).abs() / magnitude
-            found[f"{wire} {name}"] = {"max": float(error.max()), "mean": float(error.mean()),
-                                       "finite": bool(result.isfinite().all())}
+    found: dict[str, dict] = {}
+    for trial in range(args.trials):
+        inputs = [torch.randn(args.numel, generator=torch.Generator().manual_seed(1000 * trial + r)) * args.scale
+                  for r in range(world_size)]
+        exact = torch.stack([x.double() / world_size for x in inputs]).sum(0)
+        magnitude = torch.stack([x.double().abs() / world_size for x in inputs]).sum(0).clamp_min(1e-300)
+        for wire in args.wires:
+            for name, method in methods.items():
+                result = inputs[rank].clone()
+                method(result, wire)
+                elementwise = float(((result.double() - exact).abs() / magnitude).max())
+                relative = float((result.double() - exact).norm() / exact.norm())
+                kept = found.setdefault(f"{wire} {name}", {"relative": 0.0, "max": 0.0, "finite": True})
+                kept["relative"] = max(kept["relative"], relative)
+                kept["max"] = max(kept["max"], elementwise)
+                kept["finite"] = kept["finite"] and bool(result.isfinite().all())
     return found
 
 
@@ -121,28 +137,29 @@ def main(argv=None) -> int:
             rows.append({"world_size": world_size, "wire": wire, "method": method, **value})
         bar.update()
     bar.close()
-    print(f"# max |average - exact| / (sum_r |x_r| / p), {args.numel} elements per rank, gradients ~ "
-          f"{args.scale:g} * N(0, 1); in units of the wire's unit roundoff u [the bound: p]")
+    print(f"# {args.numel} elements per rank, gradients ~ {args.scale:g} * N(0, 1), the largest of {args.trials} "
+          "trials; relative error ||y - s|| / ||s|| [largest elementwise |y - s| / (sum_r |x_r| / p), in units of the "
+          "wire's unit roundoff u; the bound: p u]")
     methods = list(dict.fromkeys(row["method"] for row in rows))
-    print(f"# {'wire':>4} {'p':>3} " + " ".join(f"{m:>24}" for m in methods))
+    print(f"# {'wire':>4} {'p':>3} " + " ".join(f"{m:>26}" for m in methods))
     failed = []
     for wire in args.wires:
         u = UNIT_ROUNDOFF[WIRES[wire]]
         for world_size in args.world_sizes:
             mine = {row["method"]: row for row in rows if row["wire"] == wire and row["world_size"] == world_size}
-            cells = [f"{mine[m]['max']:>11.3e} ({mine[m]['max'] / u:5.2f} u)" + ("" if mine[m]["finite"] else " inf")
+            cells = [f"{mine[m]['relative']:.3e} [{mine[m]['max'] / u:5.2f} u]" + ("" if mine[m]["finite"] else " inf")
                      for m in methods]
-            print(f"  {wire:>4} {world_size:>3} " + " ".join(f"{c:>24}" for c in cells))
-            theirs = mine["pytorch"]["max"]
-            failed += [f"{wire} p={world_size} {m}: {mine[m]['max']:.3e} > pytorch's {theirs:.3e}"
-                       for m in methods if m.startswith("ours") and mine[m]["max"] > theirs]
+            print(f"  {wire:>4} {world_size:>3} " + " ".join(f"{c:>26}" for c in cells))
+            theirs = mine["pytorch"]["relative"]
+            failed += [f"{wire} p={world_size} {m}: {mine[m]['relative']:.3e} > pytorch's {theirs:.3e}"
+                       for m in methods if m.startswith("ours") and mine[m]["relative"] > theirs]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
         print(f"# wrote {len(rows)} rows to {args.json}")
     if failed:
-        print("# ours is not within PyTorch's error everywhere:\n#   " + "\n#   ".join(failed))
+        print("# ours has a larger relative error than PyTorch's hook here:\n#   " + "\n#   ".join(failed))
     else:
-        print("# ours <= PyTorch's at every p and wire")
+        print("# ours <= PyTorch's relative error at every p and wire")
     return 1 if args.check and failed else 0
 
 

@@ -28,9 +28,11 @@ RECIPES = ROOT / "train_examples" / "recipes"
 # point, but in differently ordered bucket arithmetic: allow a few roundings per step.
 LOSS_RTOL = 1e-5
 PARAMETER_ATOL = 1e-5
-#: bf16 on the wire keeps 8 bits of each averaged gradient: a few steps stay this close.
+#: bf16 on the wire keeps 8 bits of each averaged gradient: a few steps stay this close (the
+#: Trainer's AdamW moves a parameter by up to its lr, 1e-3, per step whatever the gradient's
+#: size, so 4 steps may part by a few 1e-3 where a gradient is near 0).
 WIRE_LOSS_RTOL = 1e-2
-WIRE_PARAMETER_ATOL = 1e-3
+WIRE_PARAMETER_ATOL = 1e-2
 
 
 def torchrun(script: Path, *arguments: str, cwd: Path, timeout: float) -> str:

@@ -247,9 +247,19 @@ def registering_refuses_a_wider_wire(rank: int, world_size: int) -> list[str]:
             ddp_ring_hooks.register(model, algorithm=algorithm, wire_dtype="fp16", **options)
         except TypeError as error:
             messages.append(str(error))
+    # Ranks that send different wire dtypes are stopped by the layout check before any message
+    # of the wrong size reaches gloo (which would abort the process).
+    model = DDP(Net())
+    ddp_ring_hooks.register(model, wire_dtype="bf16" if rank == 0 else "fp32")
+    try:
+        model(torch.randn(4, 32)).sum().backward()
+    except RuntimeError as error:
+        messages.append(str(error))
     return messages
 
 
-def test_register_refuses_a_wire_dtype_wider_than_the_gradients():
-    messages = run_ranks(registering_refuses_a_wider_wire, 2, timeout=120)[0]
-    assert len(messages) == 3 and all("not narrower than this bfloat16 (bf16) bucket" in m for m in messages)
+def test_register_refuses_a_wire_dtype_wider_than_the_gradients_and_ranks_that_disagree():
+    for messages in run_ranks(registering_refuses_a_wider_wire, 2, timeout=120):
+        assert len(messages) == 4 and all("not narrower than this bfloat16 (bf16) bucket" in m for m in messages[:3])
+        assert "dtype on the wire differs: rank 0: bfloat16, rank 1: as the bucket" in messages[3]
+        assert "Every rank must pass the same wire_dtype" in messages[3]

@@ -258,7 +258,7 @@ class HookState:
         if checking_layout:
             # On NCCL, on a gloo group with the same ranks: no CUDA tensor, no host sync.
             check_bucket_layout(
-                BucketLayout(bucket, buffer.numel(), buffer.dtype, is_last, schedule, lanes),
+                BucketLayout(bucket, buffer.numel(), buffer.dtype, is_last, schedule, lanes, wire),
                 group=cuda.control_group(self.group), iteration=self.iteration,
             )
         iteration = self.iteration  # reductions done before this one

@@ -106,6 +106,11 @@ from .wire import wire_dtype_for
 SLICE_BYTES = 4 << 20
 #: How many slices' transfers a rank keeps posted on CPU while it adds the earlier ones.
 SLICES_IN_FLIGHT = 2
+#: On a narrower wire, slices of at most this many wire bytes: each element then costs three
+#: passes of CPU (widen, add, cast) for half the bytes on the wire, so a slice of the same
+#: bytes would leave the casts of a whole chunk outside the pipeline (measured on the lab:
+#: the ring at 16 MiB, p = 2 and 4, with docs/compression.md's commands).
+WIRE_SLICE_BYTES = 1 << 20
 
 
 def run_schedule(
@@ -176,9 +181,11 @@ def run_schedule(
 
 
 def _slice_count(schedule: Schedule, flat: torch.Tensor, slice_bytes: int | None, wire_size: int) -> int:
-    """Slices so that no message is larger than :data:`SLICE_BYTES` on the wire."""
+    """Slices so that no message is larger than :data:`SLICE_BYTES` on the wire
+    (:data:`WIRE_SLICE_BYTES` on a narrower one)."""
     largest_chunk = chunk_sizes(flat.numel(), schedule.num_chunks)[0] * wire_size
-    return max(1, math.ceil(largest_chunk / (slice_bytes or SLICE_BYTES)))
+    limit = slice_bytes or (WIRE_SLICE_BYTES if wire_size < flat.element_size() else SLICE_BYTES)
+    return max(1, math.ceil(largest_chunk / limit))
 
 
 class _Execution:

@@ -20,7 +20,8 @@ data, one per *arm*:
 
 Every round times one block of steps per arm, in an order rotated each round, so drifting
 load on a shared machine hits every arm alike; each round gives each arm's ratio to
-``no-hook`` and to ``allreduce_hook``, and the table shows the medians::
+``no-hook``, to ``allreduce_hook`` and to PyTorch's compress hooks (those measured), and the
+table shows the medians::
 
     python benchmarks/ddp_step.py                                  # 2, then 4 local gloo ranks
     python benchmarks/ddp_step.py --nproc 2 --algorithm auto       # no-hook, allreduce_hook, auto
@@ -174,7 +175,7 @@ def measure(args: argparse.Namespace) -> dict:
                          f"{args.min_buckets}; lower --bucket-cap-mb or add --layers")
     ratios = {
         (name, base): statistics.median(t / b for t, b in zip(times[name], times[base]))
-        for name in names for base in BASELINES if base in times
+        for name in names for base in baselines(names)
     }
     return {
         "world_size": dist.get_world_size(), "buckets": buckets,
@@ -182,16 +183,21 @@ def measure(args: argparse.Namespace) -> dict:
     }
 
 
+def baselines(names) -> list[str]:
+    """The arms the others are divided by, round by round: no-hook and PyTorch's hooks, measured."""
+    return [base for base in (*BASELINES, *TORCH_COMPRESS_HOOKS) if base in names]
+
+
 def format_results(results: list[dict], args: argparse.Namespace) -> str:
-    bases = [b for b in BASELINES if b in args.arm_names]
+    bases = baselines(args.arm_names)
     lines = [
         f"# DDP step: {args.layers}x{args.width} MLP, batch {args.batch}/rank, bucket_cap_mb {args.bucket_cap_mb}, "
         f"gloo; {args.rounds} rounds x {args.steps} steps per arm (order rotated); slowest rank; medians",
-        f"# {'ranks':>5} {'buckets':>7} {'arm':>22} {'ms/step':>9} " + " ".join(f"{'/' + b:>16}" for b in bases),
+        f"# {'ranks':>5} {'buckets':>7} {'arm':>22} {'ms/step':>9} " + " ".join(f"{'/' + b:>20}" for b in bases),
     ]
     for r in results:
         for name, ms in r["ms"].items():
-            cells = " ".join(f"{r['ratios'][(name, b)]:>16.3f}" for b in bases)
+            cells = " ".join(f"{r['ratios'][(name, b)]:>20.3f}" for b in bases)
             lines.append(f"  {r['world_size']:>5} {r['buckets']:>7} {name:>22} {ms:>9.2f} {cells}")
     return "\n".join(lines) + "\n"
 

@@ -194,8 +194,8 @@ def main(argv=None) -> int:
         print(f"# {'arm':>20} {'ms/step':>9} {'loss':>8} {'bits/byte':>9} {'vs fp32':>9}")
         reference = results.get("fp32", next(iter(results.values())))
         for arm, found in results.items():
-            versus = f"{(found["loss"] / reference["loss"] - 1) * 100:+.3f}%"
-            print(f"  {arm:>20} {found['step_ms']:>9.1f} {found["loss"]:>8.5f} {found['loss'] / math.log(2):>9.3f} "
+            versus = f"{(found['loss'] / reference['loss'] - 1) * 100:+.3f}%"
+            print(f"  {arm:>20} {found['step_ms']:>9.1f} {found['loss']:>8.5f} {found['loss'] / math.log(2):>9.3f} "
                   f"{versus:>9}")
         wire = [line.strip() for found in results.values() for line in found["summary"].splitlines()
                 if "on the wire" in line or "error feedback" in line]

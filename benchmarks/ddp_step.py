@@ -10,10 +10,18 @@ data, one per *arm*:
 - ``native``: our hook with the group's own all-reduce (bit-identical to no-hook);
   ``native+telemetry``: the same with per-bucket TensorBoard logging every step.
 - ``auto``: the hook's per-bucket choice (native included).
+- fewer bytes on the wire: ``ALGORITHM@bf16`` (or ``@fp16``) is the hook with
+  ``wire_dtype="bf16"``, ``ALGORITHM@bf16+feedback`` the same with ``error_feedback=True``;
+  ``bf16_compress_hook`` and ``fp16_compress_hook`` are PyTorch's own, registered directly on
+  DDP (the 16-bit baseline a fair comparison of compression needs). On a network (the lab)::
+
+      ddp-ring-hooks lab torchrun --hosts 2 --link 400Mbit benchmarks/ddp_step.py --layers 4 --rounds 6 \
+          --arms no-hook,bf16_compress_hook,ring@bf16,native@bf16,ring
 
 Every round times one block of steps per arm, in an order rotated each round, so drifting
 load on a shared machine hits every arm alike; each round gives each arm's ratio to
-``no-hook`` and to ``allreduce_hook``, and the table shows the medians::
+``no-hook``, to ``allreduce_hook`` and to PyTorch's compress hooks (those measured), and the
+table shows the medians::
 
     python benchmarks/ddp_step.py                                  # 2, then 4 local gloo ranks
     python benchmarks/ddp_step.py --nproc 2 --algorithm auto       # no-hook, allreduce_hook, auto
@@ -35,7 +43,9 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+    allreduce_hook, bf16_compress_hook, fp16_compress_hook,
+)
 from torch.nn.parallel import DistributedDataParallel
 
 import ddp_ring_hooks
@@ -45,11 +55,32 @@ from mlp_steps import build_mlp_ddp, time_steps
 
 NO_HOOK, TORCH_HOOK, TELEMETRY_SUFFIX = "no-hook", "allreduce_hook", "+telemetry"
 BASELINES = (NO_HOOK, TORCH_HOOK)
+FEEDBACK_SUFFIX = "+feedback"
+WIRES = ("bf16", "fp16")
+
+
+def cpu_bf16_compress_hook(process_group, bucket):
+    """PyTorch's ``bf16_compress_hook`` itself; DDP refuses it by name without CUDA and NCCL
+    ("BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+"), though gloo runs it."""
+    return bf16_compress_hook(process_group, bucket)
+
+
+#: PyTorch's own 16-bit hooks, registered directly on DDP.
+TORCH_COMPRESS_HOOKS = {"bf16_compress_hook": cpu_bf16_compress_hook, "fp16_compress_hook": fp16_compress_hook}
 
 
 def known_arms() -> tuple[str, ...]:
     hooks = accepted_algorithms()
-    return (*BASELINES, *hooks, *(name + TELEMETRY_SUFFIX for name in hooks))
+    on_the_wire = [f"{name}@{wire}{suffix}" for name in hooks for wire in WIRES for suffix in ("", FEEDBACK_SUFFIX)]
+    return (*BASELINES, *TORCH_COMPRESS_HOOKS, *hooks, *(name + TELEMETRY_SUFFIX for name in hooks), *on_the_wire)
+
+
+def hook_options(name: str) -> tuple[str, dict]:
+    """``"ring@bf16+feedback"`` -> ``("ring", {"wire_dtype": "bf16", "error_feedback": True})``."""
+    feedback = name.endswith(FEEDBACK_SUFFIX)
+    algorithm, _, wire = name.removesuffix(FEEDBACK_SUFFIX).partition("@")
+    options = {"wire_dtype": wire} if wire else {}
+    return algorithm, {**options, **({"error_feedback": True} if feedback else {})}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -59,8 +90,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--algorithm", default=None, metavar="NAME",
                         help="one hook arm next to no-hook and allreduce_hook (e.g. auto); overrides --arms")
     parser.add_argument("--arms", default="no-hook,allreduce_hook,ring,native,auto", metavar="A,B,...",
-                        help=f"arms to compare, from {', '.join(BASELINES)}, any algorithm (ring, ..., native, "
-                             "auto) and ALGORITHM+telemetry (default: no-hook,allreduce_hook,ring,native,auto)")
+                        help=f"arms to compare, from {', '.join(BASELINES)}, {', '.join(TORCH_COMPRESS_HOOKS)}, any "
+                             "algorithm (ring, ..., native, auto), ALGORITHM+telemetry, ALGORITHM@bf16 (or @fp16: "
+                             "wire_dtype) and ALGORITHM@bf16+feedback (with error_feedback) "
+                             "(default: no-hook,allreduce_hook,ring,native,auto)")
     parser.add_argument("--rounds", type=int, default=10, help="rounds of one block per arm (default: 10)")
     parser.add_argument("--steps", type=int, default=5, help="training steps per block (default: 5)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model first (default: 3)")
@@ -100,11 +133,14 @@ def build_arm(name: str, args: argparse.Namespace, log_root: str):
     state = None
     if name == TORCH_HOOK:
         model.register_comm_hook(None, allreduce_hook)
+    elif name in TORCH_COMPRESS_HOOKS:
+        model.register_comm_hook(None, TORCH_COMPRESS_HOOKS[name])
     elif name.endswith(TELEMETRY_SUFFIX):
         algorithm = name.removesuffix(TELEMETRY_SUFFIX)
         state = ddp_ring_hooks.register(model, algorithm=algorithm, log_dir=os.path.join(log_root, name), log_every=1)
     elif name != NO_HOOK:
-        state = ddp_ring_hooks.register(model, algorithm=name)
+        algorithm, options = hook_options(name)
+        state = ddp_ring_hooks.register(model, algorithm=algorithm, **options)
     return model, torch.optim.SGD(model.parameters(), lr=1e-3), state
 
 
@@ -139,7 +175,7 @@ def measure(args: argparse.Namespace) -> dict:
                          f"{args.min_buckets}; lower --bucket-cap-mb or add --layers")
     ratios = {
         (name, base): statistics.median(t / b for t, b in zip(times[name], times[base]))
-        for name in names for base in BASELINES if base in times
+        for name in names for base in baselines(names)
     }
     return {
         "world_size": dist.get_world_size(), "buckets": buckets,
@@ -147,16 +183,21 @@ def measure(args: argparse.Namespace) -> dict:
     }
 
 
+def baselines(names) -> list[str]:
+    """The arms the others are divided by, round by round: no-hook and PyTorch's hooks, measured."""
+    return [base for base in (*BASELINES, *TORCH_COMPRESS_HOOKS) if base in names]
+
+
 def format_results(results: list[dict], args: argparse.Namespace) -> str:
-    bases = [b for b in BASELINES if b in args.arm_names]
+    bases = baselines(args.arm_names)
     lines = [
         f"# DDP step: {args.layers}x{args.width} MLP, batch {args.batch}/rank, bucket_cap_mb {args.bucket_cap_mb}, "
         f"gloo; {args.rounds} rounds x {args.steps} steps per arm (order rotated); slowest rank; medians",
-        f"# {'ranks':>5} {'buckets':>7} {'arm':>22} {'ms/step':>9} " + " ".join(f"{'/' + b:>16}" for b in bases),
+        f"# {'ranks':>5} {'buckets':>7} {'arm':>22} {'ms/step':>9} " + " ".join(f"{'/' + b:>20}" for b in bases),
     ]
     for r in results:
         for name, ms in r["ms"].items():
-            cells = " ".join(f"{r['ratios'][(name, b)]:>16.3f}" for b in bases)
+            cells = " ".join(f"{r['ratios'][(name, b)]:>20.3f}" for b in bases)
             lines.append(f"  {r['world_size']:>5} {r['buckets']:>7} {name:>22} {ms:>9.2f} {cells}")
     return "\n".join(lines) + "\n"
 

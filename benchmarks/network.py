@@ -8,7 +8,16 @@ over TCP on those links. Every rank all-reduces the same buffer size with each a
 - ``native``: the project's ``native`` executor (the group's all-reduce, timed like the others);
 - ``ring``, ``halving_doubling``, ``tree``, ``naive``, ...: the project's schedules;
 - an algorithm with options, ``NAME/OPTION=VALUE[/...]`` (values as on the command line):
-  ``ring/ring_order=measured``, ``double_binary_tree/segments=8``, ``hierarchical/segments=1``.
+  ``ring/ring_order=measured``, ``double_binary_tree/segments=8``, ``hierarchical/segments=1``;
+- fewer bytes on the wire: ``ring/wire_dtype=bf16`` (any algorithm; ``native/wire_dtype=bf16``
+  is PyTorch's ``bf16_compress_hook``), and ``gloo/wire_dtype=bf16``: ``dist.all_reduce`` of
+  the buffer already in bf16 (no cast timed: the bar for a bf16 all-reduce). Such an arm's link
+  limit is on its wire bytes, ``2(p-1)/p · (n/2) / B``, its check within bf16's rounding, and
+  the table also gives its time over its fp32 twin's (the same spec without the wire dtype,
+  when measured): the gain itself::
+
+      python benchmarks/network.py --world-sizes 2,4 --sizes 16M --rounds 3 \
+          --algorithms ring,ring/wire_dtype=bf16,gloo/wire_dtype=bf16,native/wire_dtype=bf16
 
 Two tiers (``--nodes M --uplink RATE``): the hosts are grouped into ``M`` nodes that meet
 unshaped inside and through one uplink each, shaped to ``RATE``; ``--placement`` says which
@@ -58,7 +67,8 @@ from ddp_ring_hooks.lab import EmulatedCluster, LabError, parse_rate
 from ddp_ring_hooks.launch import run_on_ranks
 from ddp_ring_hooks.runtime.collectives import time_calls
 from ddp_ring_hooks.runtime.names import accepted_algorithms
-from ddp_ring_hooks.schedules import get_algorithm
+from ddp_ring_hooks.runtime.wire import wire_dtype_for
+from ddp_ring_hooks.schedules import WIRE_DTYPE, get_algorithm, wire_ratio
 from ddp_ring_hooks.telemetry import all_reduce_bus_factor
 from ddp_ring_hooks.units import format_size, parse_size
 
@@ -115,10 +125,23 @@ def algorithm_and_options(spec: str) -> tuple[str, dict]:
     options = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
-        if name == GLOO or key not in get_algorithm(name).option_names or not value:
+        takes = (WIRE_DTYPE.name,) if name == GLOO else get_algorithm(name).option_names
+        if key not in takes or not value:
             raise ValueError(f"{spec!r}: {key!r} is not an option of {name} (write NAME/OPTION=VALUE)")
-        options[key] = get_algorithm(name).option(key).parse(value)
+        option = WIRE_DTYPE if name == GLOO else get_algorithm(name).option(key)
+        options[key] = option.parse(value)
+        problem = option.check(options[key])
+        if problem:
+            raise ValueError(f"{spec!r}: {key}={value} {problem}")
     return name, options
+
+
+def fp32_twin(spec: str) -> str | None:
+    """The same spec without its wire dtype (``ring/wire_dtype=bf16`` -> ``ring``); ``None`` for
+    an arm without one."""
+    parts = spec.split("/")
+    kept = [part for part in parts if not part.startswith(f"{WIRE_DTYPE.name}=")]
+    return "/".join(kept) if len(kept) < len(parts) else None
 
 
 def placement_of(args: argparse.Namespace, world_size: int) -> tuple[int, ...] | None:
@@ -139,11 +162,16 @@ def measure_on_rank(args: argparse.Namespace) -> None:
         inputs = torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(dist.get_rank()))
         exact = inputs.clone()
         dist.all_reduce(exact)
-        calls = {spec: _caller(spec) for spec in args.algorithms}
+        calls = {spec: _caller(spec, inputs) for spec in args.algorithms}
         for name, call in calls.items():  # untimed: connections, buffers; and the check
             result = inputs.clone()
             call(result)
-            if not torch.allclose(result, exact, rtol=1e-5, atol=1e-4):
+            wire = wire_dtype_for(result.dtype, algorithm_and_options(name)[1])
+            # bf16 keeps 8 bits: p roundings of partial sums of up to p values of |x| ~ 4
+            tolerance = 1e-4 if wire is None else dist.get_world_size() * 16 * torch.finfo(wire).eps
+            if name.startswith(GLOO) and wire is not None:
+                continue  # it reduced its own bf16 copy, not the buffer
+            if not torch.allclose(result, exact, rtol=1e-5, atol=tolerance):
                 raise RuntimeError(f"{name} gave a wrong sum at {format_size(nbytes)}")
         for round_index in range(args.rounds):
             order = args.algorithms if round_index % 2 == 0 else args.algorithms[::-1]
@@ -155,10 +183,14 @@ def measure_on_rank(args: argparse.Namespace) -> None:
         print(json.dumps(times), flush=True)
 
 
-def _caller(spec: str):
-    if spec == GLOO:
-        return dist.all_reduce
+def _caller(spec: str, inputs: torch.Tensor):
     name, options = algorithm_and_options(spec)
+    if name == GLOO:
+        wire = wire_dtype_for(inputs.dtype, options)
+        if wire is None:
+            return dist.all_reduce
+        staged = inputs.to(wire)  # the buffer already in the wire dtype: gloo's all-reduce alone
+        return lambda buffer: dist.all_reduce(staged)
     return lambda buffer: ddp_ring_hooks.all_reduce(buffer, algorithm=name, **options)
 
 
@@ -186,21 +218,27 @@ def print_table(args: argparse.Namespace, measured: dict[int, dict]) -> list[dic
     rows = []
     for nbytes in args.sizes:
         print(f"\n# all-reduce of {format_size(nbytes)} on {network}: slowest rank's time, median of "
-              f"{args.rounds}, / the link limit 2(p-1)/p * n / B  [/ {first}, side by side]")
-        print(f"# {'p':>3} {'limit(s)':>9} " + " ".join(f"{spec:>{width}}" for spec in args.algorithms))
+              f"{args.rounds}, / the link limit 2(p-1)/p * n / B (n: the bytes on the wire)  [/ {first}, side by "
+              "side]" + ("  {/ its fp32 twin}" if any(fp32_twin(spec) in args.algorithms for spec in args.algorithms)
+                         else ""))
+        print(f"# {'p':>3} {'limit(s)':>9} " + " ".join(f"{spec:>{width + 7}}" for spec in args.algorithms))
         for world_size, times in measured.items():
-            limit = all_reduce_bus_factor(world_size) * nbytes / bytes_per_s
             reference = statistics.median(times[f"{first} {nbytes}"])
+            base_limit = all_reduce_bus_factor(world_size) * nbytes / bytes_per_s  # the buffer as it is
             cells = []
             for spec in args.algorithms:
                 rounds = times[f"{spec} {nbytes}"]
                 median = statistics.median(rounds)
-                cells.append(f"{median / limit:>{width - 9}.2f}x [{median / reference:4.2f}]")
+                limit = all_reduce_bus_factor(world_size) * nbytes * wire_ratio(algorithm_and_options(spec)[1]) / bytes_per_s
+                twin = fp32_twin(spec)
+                twin_ratio = median / statistics.median(times[f"{twin} {nbytes}"]) if twin in args.algorithms else None
+                cells.append(f"{median / limit:>{width - 9}.2f}x [{median / reference:4.2f}]"
+                             + (f" {{{twin_ratio:4.2f}}}" if twin_ratio is not None else " " * 7))
                 rows.append({"algorithm": spec, "world_size": world_size, "nbytes": nbytes, "link": args.link,
                              "nodes": args.nodes, "uplink": args.uplink, "placement": placement_of(args, world_size),
                              "times_s": rounds, "median_s": median, "limit_s": limit, "x_limit": median / limit,
-                             "x_first": median / reference})
-            print(f"  {world_size:>3} {limit:>9.3f} " + " ".join(cells))
+                             "x_first": median / reference, "x_fp32_twin": twin_ratio})
+            print(f"  {world_size:>3} {base_limit:>9.3f} " + " ".join(cells))
     return rows
 
 

@@ -15,7 +15,9 @@ turn, so a burst of noise on a shared machine hits every algorithm alike::
    the same input in float64) by more than ``(p - 1) · eps · Σ_r |x_r|``: the rounding bound
    for adding ``p`` numbers in any order in the buffer's dtype, with ``eps`` its machine
    epsilon (twice the unit roundoff, so the bound has a 2x margin). ``#wrong`` is summed
-   over ranks.
+   over ranks. On a narrower wire (``--wire-dtype bf16``) each partial sum is rounded to the
+   wire dtype once per hop and the result once more: the bound is then ``p · eps_wire · Σ_r
+   |x_r|`` (and at least the buffer's own).
 2. **Time.** After the warm-up calls, a barrier, then ``iters`` calls back to back on the
    same buffer (in place, like nccl-tests' in-place run; the values keep growing, which costs
    nothing: float additions take the same time for any normal, infinite or NaN value).
@@ -26,11 +28,13 @@ turn, so a burst of noise on a shared machine hits every algorithm alike::
        busbw = algbw · 2(p - 1)/p     # what each rank's link carries in a ring all-reduce
 
    busbw does not depend on ``p`` for an ideal ring, so it compares runs of different sizes
-   and with the hardware's link speed.
+   and with the hardware's link speed. On a narrower wire busbw counts the bytes that crossed
+   the links (``wire_bytes``, half of ``nbytes`` for bf16 of fp32), algbw the buffer's own.
 4. **Link limit**, when the link's rate ``B`` is known (``--link``, or the emulated lab's
    ``DDP_RING_HOOKS_LAB_LINK``): every rank must send and receive ``2(p-1)/p · n`` bytes
    through its own link, so no all-reduce is faster than ``2(p-1)/p · n / B``
-   (:func:`with_link_limit`). ``time / limit`` = ``link / busbw``: 1.0 is a full link.
+   (:func:`with_link_limit`; ``n``: the bytes on the wire). ``time / limit`` = ``link / busbw``:
+   1.0 is a full link.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from .progress import progress_bar
 from .runtime import all_reduce
 from .runtime.collectives import time_calls
 from .runtime.names import AUTO, NATIVE, accepted_algorithms
+from .runtime.wire import bucket_bytes, wire_dtype_for
 from .schedules import ALGORITHMS
 from .telemetry.records import all_reduce_bus_factor, bandwidths_GBps
 from .units import format_size, parse_size  # noqa: F401 - re-exported: bench.parse_size
@@ -78,7 +83,14 @@ class BenchRecord:
     busbw_GBps: float
     wrong: int  # elements out of tolerance, summed over ranks
     link_GBps: float | None = None  # the link's rate, when known (1e9 bytes/s)
-    link_limit_us: float | None = None  # 2(p-1)/p · nbytes / link: no all-reduce is faster
+    link_limit_us: float | None = None  # 2(p-1)/p · wire bytes / link: no all-reduce is faster
+    wire_bytes: int | None = None  # the bytes the transfers carry (None: nbytes, as the buffer)
+    wire: str = ""  # their dtype, when narrower than the buffer's (e.g. "bfloat16")
+
+    @property
+    def bytes_on_wire(self) -> int:
+        """The bytes the transfers carried (``nbytes`` when the record does not say)."""
+        return self.nbytes if self.wire_bytes is None else self.wire_bytes
 
     def as_dict(self) -> dict:
         """The record as plain JSON-ready data."""
@@ -132,13 +144,14 @@ def run_sweep(
     options = options or {}
     sizes = list(sizes)
     world_size = dist.get_world_size(group)
-    element_size = torch.empty((), dtype=dtype).element_size()
+    element_size = dtype.itemsize
     callers = _callers(algorithms, group, options)
+    wires = {name: wire_dtype_for(dtype, options.get(name, {})) for name in algorithms}  # refused here if not narrower
     bar = progress_bar(len(sizes) * rounds * len(algorithms), "all-reduce sweep", unit="run", enabled=progress)
     records = []
     for nbytes in sizes:
         count = max(1, nbytes // element_size)
-        inputs, exact, tolerance = _make_inputs(count, dtype, device, group)
+        inputs, exact, magnitude = _make_inputs(count, dtype, device, group)
         times: dict[str, list[float]] = {name: [] for name in algorithms}
         wrong: dict[str, int] = {}
         for _ in range(rounds):
@@ -147,18 +160,22 @@ def run_sweep(
                 buffer = inputs.clone()
                 call(buffer)
                 if name not in wrong:
-                    wrong[name] = _count_wrong(buffer, exact, tolerance, group)
+                    wrong[name] = _count_wrong(buffer, exact, _tolerance(magnitude, dtype, wires[name], world_size), group)
                 times[name].append(time_calls(lambda: call(buffer), buffer.device, warmup=warmup, iters=iters, group=group))
                 bar.set_postfix_str(f"{format_size(count * element_size)} {name}")
                 bar.update()
         for name in algorithms:
             seconds = statistics.median(times[name])
-            algbw, busbw = bandwidths_GBps(count * element_size, seconds * 1e3, world_size)
+            size = bucket_bytes(inputs, wires[name])
+            algbw, _ = bandwidths_GBps(size.nbytes, seconds * 1e3, world_size)
+            _, busbw = bandwidths_GBps(size.wire_bytes, seconds * 1e3, world_size)  # what crossed the links
             records.append(
                 BenchRecord(
-                    algorithm=name, world_size=world_size, nbytes=count * element_size, count=count,
+                    algorithm=name, world_size=world_size, nbytes=size.nbytes, count=count,
                     dtype=str(dtype).removeprefix("torch."), time_us=seconds * 1e6,
                     algbw_GBps=algbw, busbw_GBps=busbw, wrong=wrong[name],
+                    wire_bytes=size.wire_bytes if wires[name] is not None else None,
+                    wire=size.wire if wires[name] is not None else "",
                 )
             )
     bar.close()
@@ -166,11 +183,12 @@ def run_sweep(
 
 
 def with_link_limit(records: Sequence[BenchRecord], *, link_bits_per_s: int) -> list[BenchRecord]:
-    """``records`` with the link's rate and the time limit it sets, ``2(p-1)/p · nbytes / B``."""
+    """``records`` with the link's rate and the time limit it sets, ``2(p-1)/p · n / B`` for the
+    ``n`` bytes on the wire (half the buffer's with bf16 on the wire)."""
     link_Bps = link_bits_per_s / 8
     return [
         dataclasses.replace(r, link_GBps=link_Bps / 1e9,
-                            link_limit_us=all_reduce_bus_factor(r.world_size) * r.nbytes / link_Bps * 1e6)
+                            link_limit_us=all_reduce_bus_factor(r.world_size) * r.bytes_on_wire / link_Bps * 1e6)
         for r in records
     ]
 
@@ -226,16 +244,23 @@ def format_fit(algorithm: str, calibration: Calibration, error: float, *, link_G
 
 
 def _make_inputs(count: int, dtype: torch.dtype, device, group):
-    """This rank's input, the exact sum over ranks (float64) and the tolerance per element."""
+    """This rank's input, the exact sum over ranks (float64) and ``Σ_r |x_r|`` per element."""
     generator = torch.Generator().manual_seed(1000 + dist.get_rank())  # different on each rank
     inputs = torch.randn(count, generator=generator).to(dtype).to(device)
     exact = inputs.to(torch.float64, copy=True)  # a copy even for float64: it is reduced in place
     magnitude = inputs.abs().to(torch.float64)
     dist.all_reduce(exact, group=group)
     dist.all_reduce(magnitude, group=group)
-    world_size = dist.get_world_size(group)
+    return inputs, exact, magnitude
+
+
+def _tolerance(magnitude: torch.Tensor, dtype: torch.dtype, wire: torch.dtype | None, world_size: int) -> torch.Tensor:
+    """The rounding bound per element (see the module docstring): the buffer's dtype's, or on a
+    narrower wire ``p`` roundings in the wire dtype."""
     tolerance = (world_size - 1) * torch.finfo(dtype).eps * magnitude
-    return inputs, exact, tolerance
+    if wire is not None:
+        tolerance = torch.maximum(tolerance, world_size * torch.finfo(wire).eps * magnitude)
+    return tolerance
 
 
 def _count_wrong(result: torch.Tensor, exact: torch.Tensor, tolerance: torch.Tensor, group) -> int:

@@ -494,13 +494,17 @@ def test_a_hierarchical_run_is_advised_with_its_own_node_size_wherever_its_log_i
     model = step_model(records)
     here = run_setting(model.profile)
     # (segments: None, chosen per bucket size where the bucket is priced)
-    assert setting_options(model.profile, here) == {"local_size": 2, "segments": None, "ring_order": "rank", "node_of": None}
+    assert setting_options(model.profile, here) == {
+        "local_size": 2, "segments": None, "ring_order": "rank", "node_of": None, "wire_dtype": "fp32",
+    }
     assert model.predict(here).step_ms == pytest.approx(model.profile.step_ms)  # the run itself, exactly
     algorithms = {row["value"] for row in advise(records)["what_if"] if row["knob"] == "algorithm"}
     assert {"ring", "tree", "hierarchical"} <= algorithms
     # An option the setting gives wins over the run's environment.
     eight = replace(here, world_size=8, algorithm_options=(("local_size", 4),))
-    assert setting_options(model.profile, eight) == {"local_size": 4, "segments": None, "ring_order": "rank", "node_of": None}
+    assert setting_options(model.profile, eight) == {
+        "local_size": 4, "segments": None, "ring_order": "rank", "node_of": None, "wire_dtype": "fp32",
+    }
     assert bytes_factor("hierarchical", 8, **setting_options(model.profile, eight)) == pytest.approx(1.75)
 
 
@@ -551,7 +555,7 @@ def test_a_ring_order_reaches_the_advisor_as_any_option_does():
     model = step_model(timeline(ready=[2.0, 20.0]))
     here = run_setting(model.profile)
     reversed_ring = replace(here, algorithm_options=(("ring_order", [1, 0]),))
-    assert setting_options(model.profile, reversed_ring) == {"ring_order": (1, 0), "node_of": None}
+    assert setting_options(model.profile, reversed_ring) == {"ring_order": (1, 0), "node_of": None, "wire_dtype": "fp32"}
     assert model.predict(reversed_ring).step_ms == pytest.approx(model.predict(here).step_ms)
     with pytest.raises(ValueError, match="ring: ring_order=\\(1, 1\\) names a rank twice"):
         model.predict(replace(here, algorithm_options=(("ring_order", (1, 1)),)))

@@ -73,11 +73,15 @@ def test_bad_candidates_are_named():
 
 def test_candidate_options_are_the_registrys_and_each_reaches_the_candidates_that_take_it(monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    selector = AutoSelector(LINKS, 8, segments=3, local_size=4, ring_order=[0, 2, 4, 6, 1, 3, 5, 7])
+    selector = AutoSelector(LINKS, 8, segments=3, local_size=4, ring_order=[0, 2, 4, 6, 1, 3, 5, 7], wire_dtype="bf16")
     order = {"ring_order": (0, 2, 4, 6, 1, 3, 5, 7), "node_of": None}  # to both rings, as a tuple
-    assert selector.options["tree"] == selector.options["double_binary_tree"] == {"segments": 3}
-    assert selector.options["hierarchical"] == {"local_size": 4, "segments": 3, **order} and selector.options["ring"] == order
-    assert selector.options["halving_doubling"] == {}
+    wire = {"wire_dtype": "bf16"}  # every algorithm's option: every candidate, native included, on one wire
+    assert selector.options["tree"] == selector.options["double_binary_tree"] == {"segments": 3, **wire}
+    assert selector.options["hierarchical"] == {"local_size": 4, "segments": 3, **order, **wire}
+    assert selector.options["ring"] == {**order, **wire}
+    assert selector.options["halving_doubling"] == selector.options["native"] == wire
+    # auto never picks compression itself: without the option every candidate sends as it is
+    assert {o["wire_dtype"] for o in AutoSelector(LINKS, 8).options.values()} == {"fp32"}
     with pytest.raises(ValueError, match="ring: ring_order=\\(0, 0\\) names a rank twice"):
         AutoSelector(LINKS, 8, ring_order=(0, 0))
     with pytest.raises(ValueError, match="tree: segments=0 must be an integer >= 1"):
@@ -101,7 +105,8 @@ def test_on_a_two_tier_network_auto_picks_hierarchical_where_it_is_faster_and_on
         chosen, options = selector.choose(nbytes)
         assert predicted[chosen] == min(predicted.values())
         assert (chosen == "hierarchical") == (predicted["hierarchical"] < min(t for a, t in predicted.items() if a != "hierarchical"))
-    assert selector.choose(16 << 20) == ("hierarchical", {"local_size": 2, "segments": None, "ring_order": "rank", "node_of": None})
+    assert selector.choose(16 << 20) == (
+        "hierarchical", {"local_size": 2, "segments": None, "ring_order": "rank", "node_of": None, "wire_dtype": "fp32"})
     # One tier (every rank its own node, the same links): no hierarchy pays, none is picked.
     flat = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=200e-6, local_beta=1 / 50e6, ranks_per_node=1)
     assert all(AutoSelector(None, 4, network=flat, local_size=2).choose(n)[0] != "hierarchical" for n in SIZES)
@@ -216,8 +221,9 @@ def probe_with_nodes_of_different_sizes(rank: int, world_size: int) -> dict:
 def test_nodes_of_different_sizes_leave_hierarchical_out_on_every_rank():
     reports = run_ranks(probe_with_nodes_of_different_sizes, 4, timeout=240)
     for report in reports:
-        assert report["agreed_when_equal"] == {"local_size": 2, "segments": None, "ring_order": "rank", "node_of": None}
-        assert report["agreed"]["hierarchical"] is None and report["agreed"]["tree"] == {"segments": 1}
+        assert report["agreed_when_equal"] == {
+            "local_size": 2, "segments": None, "ring_order": "rank", "node_of": None, "wire_dtype": "fp32"}
+        assert report["agreed"]["hierarchical"] is None and report["agreed"]["tree"] == {"segments": 1, "wire_dtype": "fp32"}
         assert "hierarchical is a candidate but the ranks do not agree on its options" in report["hierarchical_asked_for"]
         assert "LOCAL_WORLD_SIZE, which differs between nodes" in report["hierarchical_asked_for"]
         assert "local_size=G" in report["hierarchical_asked_for"]

@@ -15,6 +15,7 @@ Run: ``python -m pytest -q tests/test_bench.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -73,18 +74,22 @@ def test_bench_command_writes_checked_records_and_a_plot(tmp_path):
 @pytest.mark.timeout(120)
 def test_bench_on_one_size_skips_the_fit_and_still_writes_its_files(tmp_path):
     # One size cannot separate latency from bandwidth: the fit once raised a traceback after
-    # the table, and --json and --plot were never written.
+    # the table, and --json and --plot were never written. (On bf16, which the records then say:
+    # the same launch checks --wire-dtype, its rounding bound and its bytes on the wire.)
     json_path, plot_path = tmp_path / "one.json", tmp_path / "one.png"
     command = [
         sys.executable, "-m", "ddp_ring_hooks", "bench", "--nproc", "2", "-b", "64K", "-e", "64K", "-w", "1",
         "-n", "2", "--algorithms", "ring,native", "--json", str(json_path), "--plot", str(plot_path),
-        "--no-progress", "--timeout", "60",
+        "--no-progress", "--timeout", "60", "--wire-dtype", "bf16",
     ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=110)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     assert "# alpha-beta fit skipped: it needs 2 or more message sizes and this sweep has one (64K)" in done.stdout
-    assert {(r["algorithm"], r["nbytes"]) for r in json.loads(json_path.read_text())} == {("ring", 65536), ("native", 65536)}
+    records = json.loads(json_path.read_text())
+    assert {(r["algorithm"], r["nbytes"]) for r in records} == {("ring", 65536), ("native", 65536)}
+    assert {(r["wire"], r["wire_bytes"], r["wrong"]) for r in records} == {("bfloat16", 32768, 0)}
+    assert "# bf16 on the wire: each partial sum rounded to bf16 once per hop" in done.stdout
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -244,6 +249,10 @@ def test_the_link_limit_is_what_each_rank_must_move_through_its_link():
     table = format_table([slow, one_rank])
     assert "limit(us)" in table and f"{600_000.0 / slow.link_limit_us:.2f}" in table
     assert "limit(us)" not in format_table([record(4, 1 << 24, 600_000.0)])  # link unknown: no column
+    # on a narrower wire the limit is on the bytes that cross the link: half of them with bf16
+    wire = dataclasses.replace(record(4, 1 << 24, 300_000.0), wire_bytes=1 << 23, wire="bfloat16")
+    (limited,) = with_link_limit([wire], link_bits_per_s=400_000_000)
+    assert limited.link_limit_us == pytest.approx(slow.link_limit_us / 2)
 
 
 def test_a_fit_reads_beta_against_the_links_own_when_the_link_is_known():

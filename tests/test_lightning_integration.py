@@ -93,11 +93,19 @@ def _lightning_cases(rank: int, world_size: int, directory: str) -> dict:
     results["native_matches_plain_bitwise"] = all(a.equal(b) for a, b in zip(native_parameters, plain_parameters))
 
     # 2. Accumulation: 3 micro-batches per optimizer step; the hook reduces once per step.
-    #    Every HookState option passes through the strategy (one lane here).
+    #    Every HookState option passes through the strategy (one lane here; bf16 on the wire with
+    #    error feedback, which under accumulation waits for the synced micro-batch).
     memory = MemorySink()
-    strategy = ring_lightning.RingDDPStrategy(bucket_cap_mb=BUCKET_CAP_MB, sinks=[memory], concurrent_buckets=1)
-    trainer, record, _ = fit(strategy, max_steps=2, accumulate=3)
+    strategy = ring_lightning.RingDDPStrategy(
+        bucket_cap_mb=BUCKET_CAP_MB, sinks=[memory], concurrent_buckets=1,
+        algorithm_options={"wire_dtype": "bf16"}, error_feedback=True,
+    )
+    trainer, record, parameters = fit(strategy, max_steps=2, accumulate=3)
     results["accumulation"] = {
+        "wire": sorted({b.wire for r in memory.records for b in r.buckets}),
+        "wire_ratio": sorted({b.wire_ratio for r in memory.records for b in r.buckets}),
+        "feedback": strategy.hook_state.summary().splitlines()[-1],
+        "parameters": parameters,
         "lanes": (strategy.hook_state.concurrent_buckets, strategy.hook_state.timeline.run.concurrent_buckets),
         "micro_batches": len(record.losses),
         "global_step": trainer.global_step,
@@ -208,12 +216,16 @@ def test_accumulation_reduces_once_per_optimizer_step(ranks):
     for result in ranks:
         accumulation = result["accumulation"]
         assert accumulation["lanes"] == (1, 1)
+        assert accumulation["wire"] == ["bfloat16"] and accumulation["wire_ratio"] == [0.5]
+        assert accumulation["feedback"].startswith("error feedback: residuals of")
         assert accumulation["micro_batches"] == 6
         assert accumulation["global_step"] == 2
         assert accumulation["hook_iterations"] == 2  # one DDP reduction per step, not per micro-batch
         assert accumulation["recorded_steps"] == [1, 2]
         for indices in accumulation["bucket_indices"]:
             assert indices == list(range(len(indices)))  # each bucket once, in order
+    first = ranks[0]["accumulation"]["parameters"]
+    assert all(all(a.equal(b) for a, b in zip(first, r["accumulation"]["parameters"])) for r in ranks)
 
 
 def test_checkpoint_resumes_with_hook_attached(ranks):

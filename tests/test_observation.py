@@ -130,7 +130,7 @@ def test_a_state_pickles_its_options_and_refuses_formats_it_cannot_read(tmp_path
     state = HookState(algorithm="tree", segments=3, log_dir=str(tmp_path), spread_every=2, sinks=[MemorySink()])
     clone = pickle.loads(pickle.dumps(state))
     assert clone.observation.options == TelemetryOptions(log_dir=str(tmp_path), spread_every=2)  # no sinks
-    assert clone.algorithm_options == {"segments": 3} and clone.observers == ()
+    assert clone.algorithm_options == {"segments": 3, "wire_dtype": "fp32"} and clone.observers == ()
     assert clone.observation.advice is state.observation.advice  # the advisor's, by name
 
     newer = {**state.__getstate__(), "version": 3}

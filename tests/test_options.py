@@ -28,8 +28,9 @@ def test_a_typo_in_an_algorithm_option_names_that_algorithms_options():
 
 
 def test_algorithm_options_come_as_a_mapping_or_as_keywords_not_both():
-    assert HookState(algorithm="tree", algorithm_options={"segments": 4}).algorithm_options == {"segments": 4}
-    assert HookState(algorithm="tree", segments=4).algorithm_options == {"segments": 4}
+    # Every algorithm also takes the wire dtype; its default, fp32, sends buckets as they are.
+    assert HookState(algorithm="tree", algorithm_options={"segments": 4}).algorithm_options == {"segments": 4, "wire_dtype": "fp32"}
+    assert HookState(algorithm="tree", segments=4).algorithm_options == {"segments": 4, "wire_dtype": "fp32"}
     with pytest.raises(TypeError, match="'segments' given twice"):
         HookState(algorithm="tree", algorithm_options={"segments": 4}, segments=2)
 
@@ -42,12 +43,14 @@ def test_bad_values_fail_at_construction():
 
 
 def test_defaults_are_filled_in_and_the_environment_is_read_once(monkeypatch):
-    assert HookState(algorithm="tree").algorithm_options == {"segments": 1}
+    assert HookState(algorithm="tree").algorithm_options == {"segments": 1, "wire_dtype": "fp32"}
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     state = HookState(algorithm="hierarchical")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # later changes do not reach the state
     # segments stays "by size" (None) until a bucket's size chooses it.
-    assert state.algorithm_options == {"local_size": 2, "segments": None, "ring_order": "rank", "node_of": None}
+    assert state.algorithm_options == {
+        "local_size": 2, "segments": None, "ring_order": "rank", "node_of": None, "wire_dtype": "fp32",
+    }
 
 
 def test_one_message_for_an_unknown_name_everywhere():
@@ -78,7 +81,7 @@ def test_native_is_one_registry_entry_without_a_schedule():
     native = get_algorithm("native")
     assert native.build is None and native.cost is None and formula_for("native") == "ring"
     assert "native" not in ALGORITHMS and "native" in algorithm_names()
-    with pytest.raises(TypeError, match="unknown option 'segments'.*the native algorithm takes no options"):
+    with pytest.raises(TypeError, match="unknown option 'segments'.*the native algorithm takes wire_dtype$"):
         HookState(algorithm="native", segments=2)
     with pytest.raises(ValueError, match="native algorithm has no schedule"):
         build_schedule("native", 4)

@@ -5,6 +5,7 @@
     ddp-ring-hooks bench --nproc 2 --algorithms ring,native --rounds 5 --json bench.json --plot bench.png
     ddp-ring-hooks lab torchrun --hosts 4 --link 400Mbit -m ddp_ring_hooks bench -b 1M -e 64M   # a real network
     ddp-ring-hooks bench --nproc 4 --algorithms ring,double_binary_tree --segments 8 --ring-order 0,2,1,3
+    ddp-ring-hooks bench --nproc 2 --algorithms ring,native --wire-dtype bf16      # half the bytes on the wire
 
 Columns as in nccl-tests: size (bytes), count (elements), time (us, slowest rank), algbw and
 busbw (GB/s, 1e9 bytes; busbw = algbw · 2(p-1)/p), #wrong (elements off the float64 sum by
@@ -27,7 +28,8 @@ from .. import bench
 from ..lab import LINK_ENVIRONMENT, format_rate, parse_rate
 from ..launch import run_on_ranks, under_torchrun
 from ..runtime.collectives import device_of
-from ..schedules import ALGORITHMS, check_given_options, get_algorithm, options_for
+from ..schedules import ALGORITHMS, check_given_options, get_algorithm, options_for, wire_of
+from ..schedules.wire import AS_IS
 from ..units import SIZE_HELP
 from . import fail
 from ._options import add_option_arguments, flag, given_options
@@ -129,6 +131,7 @@ def _bench_on_rank(
     device = device_of(None)
     dtype = bench.DTYPES[args.datatype]
     world_size = dist.get_world_size()
+    wire = wire_of(given_options(args))
     if rank == 0:
         print(
             f"# ddp-ring-hooks bench: all-reduce (sum), {world_size} ranks, {dist.get_backend()} on {device.type}, "
@@ -136,6 +139,9 @@ def _bench_on_rank(
             "# time: mean of the timed calls on the slowest rank (median over rounds); "
             "GB/s = 1e9 B/s; busbw = algbw * 2(p-1)/p\n"
             "# #wrong: elements where |result - exact float64 sum| > (p-1) * eps * sum_r |x_r|"
+            + (f"\n# {wire} on the wire: each partial sum rounded to {wire} once per hop (#wrong: p * eps_{wire} * "
+               f"sum_r |x_r|); busbw and the limit count the bytes on the wire, algbw the buffer's"
+               if wire != AS_IS else "")
             + (f"\n# link {format_rate(link)}: limit = 2(p-1)/p * size / link, the time no all-reduce beats; "
                "x limit = time / limit" if link else "") + "\n#",
             flush=True,

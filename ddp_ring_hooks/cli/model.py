@@ -239,14 +239,15 @@ def explain(nbytes: float, world_sizes: list[int], params: dict, given: Mapping[
     low, high = min(world_sizes), max(world_sizes)
     if high < 2:
         return ["", "one rank: nothing to communicate."]
-    ring = {p: coefficients("ring", p) for p in (low, high)}
+    ring_options = options_for("ring", given or {})  # the ring as the table's row prices it (its wire)
+    ring = {p: coefficients("ring", p, **ring_options) for p in (low, high)}
     sent = {p: format_seconds(ring[p][1] * nbytes * beta) for p in (low, high)}
     latency = {p: format_seconds(ring[p][0] * alpha) for p in (low, high)}
-    smallest = predict("ring", nbytes, max(low, 2), **params)
-    growth = predict("ring", nbytes, high, **params) / smallest if smallest > 0 else 1.0
+    smallest = predict("ring", nbytes, max(low, 2), **params, **ring_options)
+    growth = predict("ring", nbytes, high, **params, **ring_options) / smallest if smallest > 0 else 1.0
     if growth < 1.5:  # bandwidth-bound: the lesson of the article's table
         # The table's cells are the whole time: say how the two parts named here add up to them.
-        total = {p: format_seconds(predict("ring", nbytes, p, **params)) for p in (low, high)}
+        total = {p: format_seconds(predict("ring", nbytes, p, **params, **ring_options)) for p in (low, high)}
         ring_line = (
             f"ring barely grows with p: each rank sends 2(p-1)/p of the buffer, {sent[low]} at p={low} and "
             f"{sent[high]} at p={high}, never more than 2n/B = {format_seconds(2 * nbytes * beta)}; only its "
@@ -265,7 +266,7 @@ def explain(nbytes: float, world_sizes: list[int], params: dict, given: Mapping[
     for p in world_sizes:
         if p < 2:
             continue
-        ring_steps, ring_sent, ring_added = coefficients("ring", p)
+        ring_steps, ring_sent, ring_added = coefficients("ring", p, **ring_options)
         tree_steps, tree_sent, tree_added = coefficients("tree", p, **tree_options)
         saved = (ring_steps - tree_steps) * alpha  # latency the tree saves
         extra = (tree_sent - ring_sent) * beta + (tree_added - ring_added) * gamma  # per byte it pays more

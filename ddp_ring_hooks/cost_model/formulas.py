@@ -28,13 +28,18 @@ priced by :mod:`.two_tier` and by ``simulate(..., shared_uplinks=True)``.
 
 from __future__ import annotations
 
-from ..schedules import CostTerms, get_algorithm, resolve_options
+import dataclasses
+from collections.abc import Mapping
+
+from ..schedules import CostTerms, get_algorithm, is_narrow, resolve_options, shape_options, wire_ratio
+from ..schedules.wire import CAST_PASSES
 
 
 def cost_terms(algorithm: str, world_size: int, *, nbytes: float = 0, **options) -> CostTerms:
     """The algorithm's :class:`~ddp_ring_hooks.schedules.CostTerms` for ``world_size`` ranks,
     from its registry record (options checked and resolved there; those chosen by size, such
-    as hierarchical's ``segments``, for an ``nbytes`` buffer)."""
+    as hierarchical's ``segments``, for an ``nbytes`` buffer), on the wire the options name
+    (:func:`on_the_wire`)."""
     record = get_algorithm(algorithm)
     if record.cost is None:
         raise ValueError(
@@ -43,7 +48,23 @@ def cost_terms(algorithm: str, world_size: int, *, nbytes: float = 0, **options)
         )
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
-    return record.cost(world_size, **resolve_options(algorithm, options, nbytes=int(nbytes)))
+    resolved = resolve_options(algorithm, options, nbytes=int(nbytes))
+    return on_the_wire(record.cost(world_size, **shape_options(algorithm, resolved)), resolved)
+
+
+def on_the_wire(terms: CostTerms, options: Mapping[str, object]) -> CostTerms:
+    """``terms`` of an fp32 buffer on the wire dtype resolved ``options`` name: a narrower wire
+    (bf16, fp16) moves :func:`~ddp_ring_hooks.schedules.wire_ratio` of the bytes, adds as many
+    (received in the wire dtype, added in fp32: the addition's pass is over the same fp32
+    chunk), and casts each rank's buffer down and up once (``cast = 2``, priced at γ). With
+    ``gamma = 0`` (the default) casts are free, as additions are; a fitted β absorbs them.
+    """
+    if not is_narrow(options):
+        return terms
+    ratio = wire_ratio(options)
+    return dataclasses.replace(
+        terms, bytes=terms.bytes * ratio, local_bytes=terms.local_bytes * ratio, cast=terms.cast + CAST_PASSES,
+    )
 
 
 def predict(
@@ -84,7 +105,7 @@ def price(
     local_alpha: float | None = None,
     local_beta: float | None = None,
 ) -> float:
-    """Seconds for ``terms`` on an ``nbytes`` buffer: ``messages·α + n·(bytes·β + reduced·γ)
+    """Seconds for ``terms`` on an ``nbytes`` buffer: ``messages·α + n·(bytes·β + (reduced + cast)·γ)
     + local_messages·α_l + n·local_bytes·β_l`` (``α_l, β_l`` default to ``α, β``)."""
     if nbytes < 0 or min(alpha, beta, gamma) < 0:
         raise ValueError("nbytes, alpha, beta and gamma must be non-negative")
@@ -92,7 +113,7 @@ def price(
     a_l = alpha if local_alpha is None else local_alpha
     b_l = beta if local_beta is None else local_beta
     return (
-        terms.messages * alpha + n * (terms.bytes * beta + terms.reduced * gamma)
+        terms.messages * alpha + n * (terms.bytes * beta + (terms.reduced + terms.cast) * gamma)
         + terms.local_messages * a_l + n * terms.local_bytes * b_l
     )
 

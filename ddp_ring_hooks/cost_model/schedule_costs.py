@@ -19,6 +19,11 @@ between nodes waits for the busier of the two uplinks it crosses::
       c ──┴═══ A's uplink out ═══┴──▶ d        (a -> b and c -> d share A's uplink)
 
 With every rank its own node that is the per-NIC model: a rank's links share its NIC.
+
+A schedule that carries a narrower wire dtype (``wire_dtype="bf16"`` in its options) moves
+:func:`~ddp_ring_hooks.schedules.wire_ratio` of the bytes on every link and casts its buffer
+down and up once, as :func:`~.formulas.on_the_wire` prices the closed forms; the byte counts
+(:func:`bytes_sent_per_rank`) stay those of the buffer.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from ..schedules import Op, Schedule
+from ..schedules import Op, Schedule, is_narrow, wire_ratio
+from ..schedules.wire import CAST_PASSES
 
 
 def count_steps(schedule: Schedule) -> int:
@@ -66,12 +72,14 @@ def simulate(
     if shared_uplinks and placement is None:
         raise ValueError("shared_uplinks needs placement: the node of each rank (range(p) for one NIC per rank)")
     chunk = nbytes / schedule.num_chunks
-    total = 0.0
+    narrow = is_narrow(schedule.options)
+    wire = chunk * wire_ratio(schedule.options)  # the bytes a chunk's transfer carries
+    total = CAST_PASSES * nbytes * gamma if narrow else 0.0
     for step in schedule.steps:
         links: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0.0, 0.0])  # [bytes, reduced]
         for t in step.transfers:
             link = links[(t.src, t.dst)]
-            link[0] += chunk
+            link[0] += wire
             if t.op is Op.REDUCE:
                 link[1] += chunk
         leaving: dict[int, float] = defaultdict(float)  # bytes through each node's uplink, out and in

@@ -48,9 +48,9 @@ from dataclasses import dataclass
 
 from ..schedules import (
     CostTerms, Op, RingCrossings, Schedule, build_schedule, formula_for, get_algorithm, hierarchical_uplink_cost,
-    resolve_options, ring_crossings, ring_uplink_cost,
+    resolve_options, ring_crossings, ring_uplink_cost, shape_options,
 )
-from .formulas import price
+from .formulas import on_the_wire, price
 
 __all__ = [
     "RingCrossings", "TwoTier", "UplinkTraffic", "hierarchical_uplink_cost", "ring_crossings", "ring_uplink_cost",
@@ -178,12 +178,13 @@ def two_tier_terms(algorithm: str, world_size: int, placement: Sequence[int], *,
     if len(placement) != world_size:
         raise ValueError(f"placement names the nodes of {len(placement)} ranks, not {world_size}: give one node per rank")
     resolved = resolve_options(name, options, nbytes=int(nbytes))
+    shaping = shape_options(name, resolved)  # the wire is priced on top, as for every algorithm
     closed = get_algorithm(name).uplink_cost
-    terms = closed(world_size, tuple(placement), **resolved) if closed is not None else None
-    if terms is not None:
-        return terms
-    frozen = tuple(sorted((key, tuple(value) if isinstance(value, list) else value) for key, value in resolved.items()))
-    return _counted_terms(name, world_size, tuple(placement), frozen)
+    terms = closed(world_size, tuple(placement), **shaping) if closed is not None else None
+    if terms is None:
+        frozen = tuple(sorted((key, tuple(value) if isinstance(value, list) else value) for key, value in shaping.items()))
+        terms = _counted_terms(name, world_size, tuple(placement), frozen)
+    return on_the_wire(terms, resolved)
 
 
 @functools.lru_cache(maxsize=256)

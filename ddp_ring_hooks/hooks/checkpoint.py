@@ -2,7 +2,8 @@
 
 Frameworks checkpoint objects through these two methods (Accelerate's
 ``register_for_checkpointing`` requires them; so does any ``torch.save`` of a dict of
-``state_dict()`` s). The dict holds plain Python values only, so ``torch.load(...,
+``state_dict()`` s). The dict holds plain Python values (and, with error feedback, CPU
+tensors), so ``torch.load(...,
 weights_only=True)`` reads it back, and it is the same on every rank (rank 0 may save it alone).
 
 Saved:
@@ -13,14 +14,17 @@ Saved:
 - ``auto`` (``algorithm="auto"`` only): the probe's α, β, γ per candidate, with the world size
   and the candidates they were measured for, so a resumed run chooses per bucket as before
   instead of trusting a new probe on a machine that may be busier or quieter now;
-- ``telemetry``: the telemetry options (where the run logged, how often).
+- ``telemetry``: the telemetry options (where the run logged, how often);
+- ``error_feedback`` (``error_feedback=True`` only): every bucket's rounding residual, on the
+  CPU, with what finds its bucket again (:meth:`~.error_feedback.ErrorFeedback.state_dict`),
+  so a resumed run still adds back what the last steps' roundings lost.
 
 Deliberately not saved: the process group, worker threads, ``observers`` and sinks (objects of
 this process); what the telemetry and the timeline recorded (they describe the saving run, and
 the resumed one measures its own); the failure record and the layout check's progress (a
 resumed run builds its buckets anew and checks them again).
 
-Loading restores the step counter and, where it applies, the calibration. The algorithm, its
+Loading restores the step counter and, where it applies, the calibration and the residuals. The algorithm, its
 options and the telemetry stay as the resumed script registered them: they may differ on
 purpose (say, after following the advisor), and a difference is named in a warning.
 """
@@ -52,6 +56,7 @@ def state_dict_of(state) -> dict:
             "calibration": {a: [c.alpha, c.beta, c.gamma] for a, c in auto.calibration.items()},
         },
         "telemetry": _plain_telemetry_options(state.telemetry.options),
+        "error_feedback": None if state._feedback is None else state._feedback.state_dict(),
     }
 
 
@@ -64,6 +69,8 @@ def load_state_dict_into(state, saved: Mapping) -> None:
             "HookState.state_dict() saved, e.g. accelerator.load_state of a save_state that registered the state"
         )
     state.iteration = int(saved["iteration"])
+    if state._feedback is not None and saved.get("error_feedback") is not None:
+        state._feedback.load_state_dict(saved["error_feedback"])
     ran, runs = (saved["algorithm"], saved["algorithm_options"]), (state.algorithm, _reduction_options(state))
     if ran != runs:
         warnings.warn(

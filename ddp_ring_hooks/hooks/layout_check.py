@@ -9,21 +9,22 @@ The same goes for *how* the bucket is reduced: ranks that build different schedu
 (``hierarchical`` with a different ``local_size``, or ``LOCAL_WORLD_SIZE`` that differs between
 nodes; a ring with a different ``ring_order`` or ``node_of``) send chunks their peers do not expect, and ranks that put the bucket on different
 worker lanes (a different ``concurrent_buckets``, or ``observers`` on some ranks only) tag
-their messages differently, so the peers wait forever.
+their messages differently, so the peers wait forever; ranks that send different wire dtypes
+(``wire_dtype``) send messages of a size their peers do not expect, and gloo aborts.
 
 So, for the first few iterations, each rank describes the bucket it is about to reduce and
-the schedule it will run in seven integers, and the ranks all-gather these rows before any
+the schedule it will run in eight integers, and the ranks all-gather these rows before any
 gradient moves::
 
-             bucket  elements  dtype    last  algorithm  schedule    lanes
-    rank 0:  [    0,   50410,  float32,  0,   ring,      0x5c1d...,  2 ]
-    rank 1:  [    0,   50610,  float32,  1,   ring,      0x5c1d...,  2 ]   <- they disagree: raise
+             bucket  elements  dtype    last  algorithm  schedule    lanes  wire
+    rank 0:  [    0,   50410,  float32,  0,   ring,      0x5c1d...,  2,     bfloat16 ]
+    rank 1:  [    0,   50610,  float32,  1,   ring,      0x5c1d...,  2,     bfloat16 ]   <- they disagree: raise
 
 Every rank sees the same table, so every rank raises the same error at the same bucket: no
 rank is left waiting for a partner, and the process group stays usable. "last" catches ranks
 with different numbers of buckets at the first bucket where they differ.
 
-Cost: one all-gather of ``7 * world_size`` integers per bucket, on the hook's thread before the
+Cost: one all-gather of ``8 * world_size`` integers per bucket, on the hook's thread before the
 bucket is queued (so it stays in the same order as DDP's own collectives on every rank). On
 CUDA it runs on a gloo control group with the same ranks
 (:func:`~ddp_ring_hooks.runtime.cuda_lane.control_group`): host messages only, no CUDA tensor
@@ -50,8 +51,9 @@ _DTYPES = (
 )
 
 #: The fields of a row, as they are named in error messages.
-_FIELDS = ("bucket index", "number of elements", "dtype", "last bucket", "algorithm", "schedule", "worker lanes")
-_NUMEL, _DTYPE, _LAST, _ALGORITHM, _SCHEDULE, _LANES = range(1, 7)
+_FIELDS = ("bucket index", "number of elements", "dtype", "last bucket", "algorithm", "schedule", "worker lanes",
+           "dtype on the wire")
+_NUMEL, _DTYPE, _LAST, _ALGORITHM, _SCHEDULE, _LANES, _WIRE = range(1, 8)
 
 
 class BucketLayoutMismatchError(RuntimeError):
@@ -77,15 +79,19 @@ class BucketLayout:
     is_last: bool
     schedule: Schedule | None  # None: "native" (the group's own all-reduce, no schedule)
     lanes: int  # worker lanes the buckets are spread over (1 on CUDA and for native: no lanes)
+    wire: torch.dtype | None = None  # what its transfers carry (None: its own dtype)
 
     def as_row(self) -> list[int]:
-        """``[bucket index, numel, dtype code, is_last, algorithm code, schedule digest, lanes]``."""
+        """``[bucket index, numel, dtype code, is_last, algorithm code, schedule digest, lanes,
+        wire dtype code]`` (ranks sending different wire dtypes would read messages of the
+        wrong size: gloo aborts the process)."""
         code = _DTYPES.index(self.dtype) if self.dtype in _DTYPES else -1
         name = self.schedule.algorithm if self.schedule is not None else NATIVE
         known = runnable_algorithms()
         algorithm = known.index(name) if name in known else -1
         digest = self.schedule.digest() if self.schedule is not None else 0
-        return [self.index, self.numel, code, int(self.is_last), algorithm, digest, self.lanes]
+        wire = -1 if self.wire is None else _DTYPES.index(self.wire)
+        return [self.index, self.numel, code, int(self.is_last), algorithm, digest, self.lanes, wire]
 
 
 def check_bucket_layout(layout: BucketLayout, *, group: dist.ProcessGroup | None, iteration: int) -> None:
@@ -120,6 +126,8 @@ def describe_mismatch(rows: list[list[int]], *, iteration: int) -> str:
             "Every rank must run the same algorithm with the same values of its options"
             + _options_of(rows) + "."
         )
+    if _WIRE in differing:
+        lines.append("Every rank must pass the same wire_dtype (fp32, the default, sends a bucket as it is).")
     if _LANES in differing:
         lines.append(
             "Every rank must spread buckets over the same number of worker lanes: pass the same "
@@ -160,4 +168,6 @@ def _show(field: int, value: int) -> str:
         return known[value] if 0 <= value < len(known) else "other"
     if field == _SCHEDULE:
         return f"{value:#010x}"
+    if field == _WIRE:
+        return "as the bucket" if value < 0 else str(_DTYPES[value]).removeprefix("torch.")
     return str(value)

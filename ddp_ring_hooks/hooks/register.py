@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .ring_hook import ring_hook
 from .state import HookState
 from .unwrap import find_ddp
-from .validation import validate_algorithm, validate_reducer, validate_registration
+from .validation import validate_algorithm, validate_reducer, validate_registration, validate_wire
 
 
 def register(
@@ -26,7 +26,9 @@ def register(
     on the ``DistributedDataParallel`` inside (see :mod:`~ddp_ring_hooks.hooks.unwrap`).
 
     ``process_group`` defaults to the model's own group. ``options`` go to :class:`HookState`:
-    the algorithm's own options (e.g. ``local_size=`` for hierarchical), ``check_layout_steps``,
+    the algorithm's own options (e.g. ``local_size=`` for hierarchical; ``wire_dtype="bf16"``,
+    every algorithm's, for half the bytes on the wire), ``error_feedback=True`` (with a narrower
+    wire: what rounding lost goes back in at the next step), ``check_layout_steps``,
     ``concurrent_buckets``, ``observers``, and the watching of every bucket, as
     ``telemetry=TelemetryOptions(...)`` or as its fields (nothing is recorded unless asked):
 
@@ -52,6 +54,8 @@ def register(
         >>> state = ddp_ring_hooks.register(model, log_dir="runs/ring", log_every=10)
         >>> # DDP's own all-reduce (NCCL/gloo), bit-identical to no hook, timed per bucket:
         >>> state = ddp_ring_hooks.register(model, algorithm="native", log_dir="runs/native")
+        >>> # half the bytes on the wire, partial sums added in fp32, rounding losses fed back:
+        >>> state = ddp_ring_hooks.register(model, wire_dtype="bf16", error_feedback=True)
         >>> state = ddp_ring_hooks.register(accelerator.prepare(net))  # the DDP inside, compiled or not
     """
     ddp_model = find_ddp(ddp_model)
@@ -67,6 +71,7 @@ def register(
     options.setdefault("device", ddp_model.device)
     state = HookState(process_group or ddp_model.process_group, algorithm, **options)
     validate_algorithm(state.algorithm, state.world_size, state.algorithm_options)
+    validate_wire(ddp_model.module, state.algorithm_options)
     ddp_model.register_comm_hook(state, ring_hook)
     state.observation.attach(
         ddp_model, algorithm=algorithm, concurrent_buckets=state.concurrent_buckets, group=state.group,

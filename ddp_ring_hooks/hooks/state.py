@@ -49,6 +49,7 @@ from ..runtime.errors import CommunicationError
 from ..runtime.names import NATIVE, check_algorithm_name, has_schedule
 from ..runtime.native import run_native
 from ..runtime.selection import AUTO, AutoSelector, auto_option_names
+from ..runtime.wire import bucket_bytes, tensor_bytes, wire_dtype_for
 from ..schedules import Schedule, checked_schedule, get_algorithm, resolve_options, ring_order_of
 from ..telemetry import TELEMETRY_OPTIONS, Telemetry, TelemetryOptions
 from ..telemetry.observation import Observation
@@ -56,6 +57,7 @@ from ..telemetry.stall import check_stall_timeout
 from ..telemetry.watcher import BucketWatch
 from . import checkpoint
 from .advice import advice_table, placement_warning, ring_order_line
+from .error_feedback import ErrorFeedback, feedback_for
 from .errors import HookFailedError
 from .layout_check import BucketLayout, check_bucket_layout
 from .validation import validate_bucket, validate_group
@@ -68,7 +70,8 @@ class HookState:
         process_group: the group to reduce over; ``None`` means the default (WORLD) group.
         algorithm: the all-reduce algorithm, one of :data:`ddp_ring_hooks.ALGORITHMS`;
             ``"native"``: the group's own ``all_reduce``, bit-identical to DDP without a hook,
-            with this hook's telemetry (no options); or ``"auto"``: per bucket, the fastest
+            with this hook's telemetry (one option, ``wire_dtype``: with ``"bf16"`` it is
+            PyTorch's ``bf16_compress_hook``, timed); or ``"auto"``: per bucket, the fastest
             (``native`` included) under a cost model calibrated by a short collective probe
             right here (so every rank must build its state together); options
             ``calibration=``, ``local_size=``, ``segments=``, ``candidates=``, see
@@ -95,6 +98,9 @@ class HookState:
         check_layout_steps: for this many first iterations, check across ranks that every
             rank reduces the same buckets (see :mod:`~ddp_ring_hooks.hooks.layout_check`);
             ``0`` turns the check off.
+        error_feedback: with a narrower ``wire_dtype`` (bf16, fp16), keep what rounding lost
+            of each bucket and add it back at the next step, so the error does not build up over
+            training (:mod:`~ddp_ring_hooks.hooks.error_feedback`; default ``False``).
         concurrent_buckets: on CPU, how many buckets may be reduced at the same time, each on
             a worker thread of its own (default 2; 1 reduces them strictly one after the other).
             With ``observers``, buckets always run one at a time: an observer sees whole
@@ -130,6 +136,8 @@ class HookState:
         "_reductions_here",
         "_bucket_index",
         "_failure",
+        # error_feedback=True: every bucket's rounding residual (None otherwise).
+        "_feedback",
     )
 
     def __init__(
@@ -143,6 +151,7 @@ class HookState:
         check_layout_steps: int = 2,
         concurrent_buckets: int = 2,
         device: torch.device | str | None = None,
+        error_feedback: bool = False,
         **options,
     ) -> None:
         check_counts(check_layout_steps=check_layout_steps, concurrent_buckets=concurrent_buckets)
@@ -167,6 +176,7 @@ class HookState:
         self._reductions_here = 0
         self._bucket_index = 0
         self._failure: CommunicationError | None = None
+        self._feedback = feedback_for(error_feedback, algorithm=algorithm, options=self.algorithm_options)
         self._auto = (
             AutoSelector.probed(self.group, device=device, **_auto_options(options)) if algorithm == AUTO else None
         )
@@ -208,7 +218,7 @@ class HookState:
 
     def schedule_for(self, buffer: torch.Tensor) -> Schedule | None:
         """The (checked, cached) schedule used for this buffer; ``None`` for ``native``."""
-        nbytes = buffer.numel() * buffer.element_size()
+        nbytes = tensor_bytes(buffer)
         if self._auto is not None:
             algorithm, options = self._auto.choose(nbytes)
         else:
@@ -221,8 +231,18 @@ class HookState:
         device) and for ``native`` (no worker)."""
         return 1 if buffer.is_cuda or self.observers or schedule is None else self.concurrent_buckets
 
-    def reduce_bucket(self, buffer: torch.Tensor, *, is_last: bool) -> torch.futures.Future:
-        """Average ``buffer`` over the group in place; the Future holds ``buffer``."""
+    def wire_for(self, buffer: torch.Tensor, schedule: Schedule | None) -> torch.dtype | None:
+        """The dtype ``buffer``'s transfers carry (``None``: its own); a ``TypeError`` naming the
+        fix when the wire dtype is not narrower than the bucket."""
+        if schedule is not None:
+            return wire_dtype_for(buffer.dtype, schedule.options)
+        native = self._auto.choose(tensor_bytes(buffer))[1] if self._auto is not None else self.algorithm_options
+        return wire_dtype_for(buffer.dtype, native)
+
+    def reduce_bucket(self, buffer: torch.Tensor, *, is_last: bool, parameters=None) -> torch.futures.Future:
+        """Average ``buffer`` over the group in place; the Future holds ``buffer``.
+        ``parameters``: how to list the bucket's parameters (``GradBucket.parameters``), for
+        error feedback across DDP's rebuild of its buckets."""
         validate_bucket(buffer)
         bucket, self._bucket_index = self._bucket_index, 0 if is_last else self._bucket_index + 1
         checking_layout = self._reductions_here < self.check_layout_steps
@@ -230,11 +250,15 @@ class HookState:
             validate_group(self.process_group)
             check_device_backend(buffer.device.type, str(dist.get_backend(self.group)))
         schedule = self.schedule_for(buffer)
+        wire = self.wire_for(buffer, schedule)
+        residual = None
+        if self._feedback is not None and wire is not None:
+            residual = self._feedback.prepare(bucket, buffer, parameters, is_last=is_last)
         lanes = self.lanes_for(buffer, schedule)
         if checking_layout:
             # On NCCL, on a gloo group with the same ranks: no CUDA tensor, no host sync.
             check_bucket_layout(
-                BucketLayout(bucket, buffer.numel(), buffer.dtype, is_last, schedule, lanes),
+                BucketLayout(bucket, buffer.numel(), buffer.dtype, is_last, schedule, lanes, wire),
                 group=cuda.control_group(self.group), iteration=self.iteration,
             )
         iteration = self.iteration  # reductions done before this one
@@ -247,20 +271,22 @@ class HookState:
         watch = self.observation.hand_over(
             buffer, step=iteration + 1, index=bucket, is_last=is_last,
             algorithm=schedule.algorithm if schedule is not None else NATIVE, group=self.group,
+            size=bucket_bytes(buffer, wire),
         )
         algorithm = watch.algorithm
         return watch.launched(
-            self._launch(schedule, buffer, watch, bucket=bucket, iteration=iteration, lane=bucket % lanes),
+            self._launch(schedule, buffer, watch, bucket=bucket, iteration=iteration, lane=bucket % lanes,
+                         wire=wire, residual=residual),
             explain=lambda error: self._failed(algorithm, buffer, bucket, iteration, error),
         )
 
     def _launch(
         self, schedule: Schedule | None, buffer: torch.Tensor, watch: BucketWatch, *,
-        bucket: int, iteration: int, lane: int,
+        bucket: int, iteration: int, lane: int, wire: torch.dtype | None = None, residual: torch.Tensor | None = None,
     ) -> torch.futures.Future:
         """The one place that picks how a bucket is reduced (see the module docstring)."""
         if schedule is None:  # native: the group's own all-reduce, DDP's scaling
-            return self._native_or_explain(buffer, watch, bucket=bucket, iteration=iteration)
+            return self._native_or_explain(buffer, watch, bucket=bucket, iteration=iteration, wire=wire, residual=residual)
         if buffer.is_cuda:
             # The watch's hand-over mark is an event after the kernels that produced this
             # bucket; the worker orders its side stream after it when it starts the bucket
@@ -269,12 +295,14 @@ class HookState:
 
             def job():
                 cuda.wait_handed_over(watch.handed)
-                return self._average_or_explain(schedule, buffer, watch, bucket=bucket, iteration=iteration, group=side.group)
+                return self._average_or_explain(schedule, buffer, watch, bucket=bucket, iteration=iteration,
+                                                group=side.group, residual=residual)
 
             devices = [buffer.device]
             worker = side.worker
         else:
-            job = lambda: self._average_or_explain(schedule, buffer, watch, bucket=bucket, iteration=iteration, tag=lane)  # noqa: E731
+            job = lambda: self._average_or_explain(  # noqa: E731
+                schedule, buffer, watch, bucket=bucket, iteration=iteration, tag=lane, residual=residual)
             devices = None
             worker = worker_for(self.group, lane)
         # DDP reads a failed Python Future as a value ("Unable to cast ... to Tensor"); a
@@ -283,26 +311,31 @@ class HookState:
 
     def _average(
         self, schedule: Schedule, buffer: torch.Tensor, observer: ExecutionObserver, tag: int,
-        group: dist.ProcessGroup | None = None,
+        group: dist.ProcessGroup | None = None, residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if residual is not None:  # error feedback: last step's losses go in first
+            ErrorFeedback.add_into(buffer, residual, schedule.world_size)
         return run_schedule(
-            schedule, buffer, group=group or self.group, observer=observer, divisor=schedule.world_size, tag=tag
+            schedule, buffer, group=group or self.group, observer=observer, divisor=schedule.world_size, tag=tag,
+            residual=residual,
         )
 
     def _average_or_explain(
         self, schedule: Schedule, buffer: torch.Tensor, observer: ExecutionObserver, *,
         bucket: int, iteration: int, tag: int = 0, group: dist.ProcessGroup | None = None,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """:meth:`_average`, with failures that name the hook and bucket; once communication
         failed, every later bucket fails at once instead of waiting for the timeout again."""
         self._refuse_after_failure(schedule.algorithm, bucket, iteration)
         try:
-            return self._average(schedule, buffer, observer, tag, group)
+            return self._average(schedule, buffer, observer, tag, group, residual)
         except RuntimeError as error:  # backend errors (DistBackendError) and StepFailedError
             raise self._failed(schedule.algorithm, buffer, bucket, iteration, error) from error
 
     def _native_or_explain(
         self, buffer: torch.Tensor, observer: ExecutionObserver, *, bucket: int, iteration: int,
+        wire: torch.dtype | None = None, residual: torch.Tensor | None = None,
     ) -> torch.futures.Future:
         """``native``'s all-reduce, failing like the schedules: named, through the Future (as a
         schedule bucket fails, so DDP's end of backward raises it), and at once after a
@@ -311,7 +344,9 @@ class HookState:
         only gloo's Future is watched."""
         try:
             self._refuse_after_failure(NATIVE, bucket, iteration)
-            future = run_native(buffer, group=self.group, observer=observer, average=True)
+            if residual is not None:
+                ErrorFeedback.add_into(buffer, residual, self.world_size)
+            future = run_native(buffer, group=self.group, observer=observer, average=True, wire=wire, residual=residual)
         except RuntimeError as error:  # refused, or the backend failed to start the collective
             failure = error
             if not isinstance(error, CommunicationError):
@@ -372,8 +407,8 @@ class HookState:
         a line naming the rank that kept the others waiting (with ``spread_every``), one naming
         a slow link or network (with ``links=True``), and one on what the ring's order costs when
         it crosses the nodes more than it must."""
-        line = ring_order_line(self)
-        return self.telemetry.summary() + (f"\n{line}" if line else "")
+        lines = [ring_order_line(self), self._feedback.summary_line() if self._feedback is not None else ""]
+        return self.telemetry.summary() + "".join(f"\n{line}" for line in lines if line)
 
     @property
     def nodes(self) -> tuple[int, ...] | None:
@@ -408,11 +443,12 @@ class HookState:
     def __getstate__(self) -> dict:
         # Process groups and threads cannot be pickled; they are rebuilt on load.
         kept = ("algorithm", "algorithm_options", "iteration", "observation", "concurrent_buckets", "_auto",
-                "check_layout_steps")
+                "check_layout_steps", "_feedback")
         return {"version": _PICKLE_VERSION, **{name: getattr(self, name) for name in kept}}
 
     def __setstate__(self, state: dict) -> None:
         state = _current_pickle(dict(state))
+        self._feedback = None  # pickled before error feedback existed: off
         for name, value in state.items():
             setattr(self, name, value)
         self.process_group = None
@@ -451,7 +487,7 @@ def _current_pickle(state: dict) -> dict:
 
 #: ``HookState``'s own options that ``register`` and the Lightning strategy pass on (besides the
 #: algorithm's options and the telemetry fields, ``TELEMETRY_OPTIONS``).
-HOOK_OPTIONS = ("telemetry", "observers", "check_layout_steps", "concurrent_buckets")
+HOOK_OPTIONS = ("telemetry", "observers", "check_layout_steps", "concurrent_buckets", "error_feedback")
 
 #: What ``HookState`` itself takes besides an algorithm's options (for error messages).
 _STATE_OPTIONS = ("process_group", "algorithm", "algorithm_options", *TELEMETRY_OPTIONS, *HOOK_OPTIONS, "device")

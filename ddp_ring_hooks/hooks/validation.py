@@ -9,7 +9,8 @@ on one rank (the option names themselves are checked when ``HookState`` is built
   can do point-to-point ``batch_isend_irecv`` (gloo on CPU, NCCL on CUDA);
 - the algorithm and its options: the schedule is built for the group's size and proven an
   all-reduce (e.g. ``hierarchical`` needs a ``local_size`` that divides the world size);
-- the gradients: no module makes sparse gradients (DDP hands those over as sparse buckets);
+- the gradients: no module makes sparse gradients (DDP hands those over as sparse buckets),
+  and the wire dtype is narrower than each gradient dtype (or the default: as they are);
 - the reducer: DDP's C++ reducer, the one that hands buckets to hooks (not the Python reducer
   of ``torch._dynamo.config.optimize_ddp="python_reducer"``, nor compiled autograd).
 
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..runtime import names
+from ..runtime.wire import wire_dtype_for
 from ..schedules import checked_schedule
 
 #: Backends whose point-to-point operations the executor uses.
@@ -111,6 +113,13 @@ def validate_algorithm(algorithm: str, world_size: int, options: dict) -> None:
             f"the {algorithm} algorithm cannot run on this process group of {world_size} ranks "
             f"with {shown}: {error}"
         ) from error
+
+
+def validate_wire(module: nn.Module, options: dict) -> None:
+    """Refuse, at registration, a wire dtype that is not narrower than the gradients DDP will
+    hand over (their dtype is the parameters'); the first bucket would be refused the same way."""
+    for dtype in sorted({p.dtype for p in module.parameters() if p.requires_grad}, key=str):
+        wire_dtype_for(dtype, options)
 
 
 def validate_gradients(module: nn.Module) -> None:

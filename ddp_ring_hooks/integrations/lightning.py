@@ -59,6 +59,7 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from ..hooks import HookState, register, ring_hook
 from ..hooks.advice import advice_text
 from ..hooks.register import reported_comm_hook
+from ..hooks.error_feedback import feedback_for
 from ..hooks.state import HOOK_OPTIONS, check_counts
 from ..runtime.names import check_algorithm_name, has_schedule
 from ..schedules import resolve_options
@@ -83,6 +84,7 @@ class RingDDPStrategy(DDPStrategy):
         **kwargs: every other :class:`~ddp_ring_hooks.HookState` option (``telemetry=``, the
             telemetry fields ``log_dir``, ``log_every``, ``trace_steps``, ``per_rank``,
             ``spread_every``, ``sinks``, ..., ``concurrent_buckets``, ``check_layout_steps``,
+            ``error_feedback`` (with ``algorithm_options={"wire_dtype": "bf16"}``),
             ``observers``; see :func:`ddp_ring_hooks.register`; all watching is off by
             default), and everything ``DDPStrategy`` takes (``bucket_cap_mb``,
             ``process_group_backend``, ``timeout``, ``start_method``, ...), except the hook
@@ -119,6 +121,7 @@ class RingDDPStrategy(DDPStrategy):
         hook_options = {name: kwargs.pop(name) for name in HOOK_OPTIONS if name in kwargs}
         self._telemetry: TelemetryOptions = collect_telemetry_options(hook_options.pop("telemetry", None), telemetry_fields)
         check_counts(**{name: hook_options[name] for name in ("check_layout_steps", "concurrent_buckets") if name in hook_options})
+        feedback_for(hook_options.get("error_feedback", False), algorithm=algorithm, options=algorithm_options or {})
         super().__init__(**kwargs)
         self.algorithm = algorithm
         self._algorithm_options = dict(algorithm_options or {})

@@ -13,6 +13,7 @@ from .native import run_native
 from .observer import NULL_OBSERVER, ExecutionObserver
 from .ring_orders import settle_ring_order
 from .selection import selector_for
+from .wire import tensor_bytes, wire_dtype_for
 
 
 def all_reduce(
@@ -34,8 +35,12 @@ def all_reduce(
     lists them).
 
     Every rank ends with bit-identical values. Any shape and element count works (including
-    0 and fewer elements than ranks); the sum happens in the tensor's dtype. On CUDA with NCCL
-    the call only enqueues work (the current stream then waits for it), like ``dist.all_reduce``.
+    0 and fewer elements than ranks); the sum happens in the tensor's dtype. With
+    ``wire_dtype="bf16"`` (or ``"fp16"``) the transfers carry half the bytes: every partial
+    sum is added in the tensor's dtype and rounded once to the wire dtype when sent, and the
+    result is rounded to it too, the same bits on every rank (``native``: PyTorch's
+    ``bf16_compress_hook`` way, see ``runtime/native.py``). On CUDA with NCCL the call only
+    enqueues work (the current stream then waits for it), like ``dist.all_reduce``.
 
     Example::
 
@@ -43,6 +48,7 @@ def all_reduce(
         >>> ddp_ring_hooks.all_reduce(grad)          # every rank: 1 + 2 + ... + p
         >>> ddp_ring_hooks.all_reduce(grad, algorithm="auto")
         >>> ddp_ring_hooks.all_reduce(grad, ring_order=[0, 2, 1, 3])   # the ring in another order
+        >>> ddp_ring_hooks.all_reduce(grad, wire_dtype="bf16")         # half the bytes on the wire
     """
     check_algorithm_name(algorithm)
     if tensor.dtype == torch.bool:
@@ -50,7 +56,7 @@ def all_reduce(
     if tensor.is_sparse:
         raise TypeError("all_reduce works on dense tensors; call tensor.to_dense() first")
     check_device_backend(tensor.device.type, str(dist.get_backend(group)))
-    nbytes = tensor.numel() * tensor.element_size()
+    nbytes = tensor_bytes(tensor)
     if algorithm == AUTO:
         algorithm, options = selector_for(group, device=tensor.device, **options).choose(nbytes)
     else:
@@ -60,9 +66,9 @@ def all_reduce(
     if has_schedule(algorithm):
         schedule = checked_schedule(algorithm, dist.get_world_size(group), nbytes=nbytes, **options)
         run_schedule(schedule, flat, group=group, observer=observer)
-    else:  # native: the group's own all-reduce (it takes no options: the registry says so)
-        resolve_options(algorithm, options)
-        run_native(flat, group=group, observer=observer).wait()
+    else:  # native: the group's own all-reduce (its one option, the wire dtype: the registry says so)
+        wire = wire_dtype_for(flat.dtype, resolve_options(algorithm, options))
+        run_native(flat, group=group, observer=observer, wire=wire).wait()
     if work is not tensor:
         tensor.copy_(work)
     return tensor

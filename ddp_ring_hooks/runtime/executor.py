@@ -67,6 +67,20 @@ its transfers itself. On CUDA the scratch is kept per thread, device, dtype *and
 reusing it is safe only because every use is ordered on that one stream (a receive into it is
 launched by NCCL after the stream's earlier additions, which ProcessGroupNCCL orders by making
 its stream wait for the current one).
+
+On a narrower wire (the schedule's ``wire_dtype``: bf16 or fp16, ``schedules/wire.py``) the
+same program runs with casts around the transfers (compiled in :mod:`.program`): sends read a
+*wire image* of the bucket (the bucket cast to the wire dtype, piece by piece, when a piece is
+first sent or changed), receives land in the image, a received partial sum is widened into a
+scratch piece of the bucket's dtype and added there, and the pieces that end holding a value
+of their own are rounded to the wire dtype, so every rank holds the same bits. Measured on
+this machine's CPU (4M elements), a mixed-dtype ``fp32.add_(bf16)`` takes 9x an fp32
+addition while widening first and adding takes 2x, and ``torch.div(x, p, out=bf16)`` takes
+2.5x dividing in place and then casting: so each cast is a plain ``copy_`` of its own, next to
+the division or the addition, never a mixed-dtype kernel. The image, the staged receives and
+the widening piece are reused per thread, as scratch is. With ``residuals`` (error feedback)
+the executor writes, per piece, what its roundings lost (the value before the cast minus the
+value after), and zero where this rank rounded nothing.
 """
 
 from __future__ import annotations
@@ -83,7 +97,8 @@ from .compat import p2p_op
 from .directions import upward_transport
 from .errors import StepFailedError
 from .observer import NULL_OBSERVER, ExecutionObserver
-from .program import Complete, Message, Post, Program, Unit, chunk_sizes, program_for
+from .program import Cast, Complete, Message, Post, Program, Unit, chunk_sizes, program_for
+from .wire import wire_dtype_for
 
 #: On CPU, chunks larger than this are cut into pieces of at most this size, one per slice,
 #: and the slices are pipelined (see above).
@@ -91,6 +106,11 @@ from .program import Complete, Message, Post, Program, Unit, chunk_sizes, progra
 SLICE_BYTES = 4 << 20
 #: How many slices' transfers a rank keeps posted on CPU while it adds the earlier ones.
 SLICES_IN_FLIGHT = 2
+#: On a narrower wire, slices of at most this many wire bytes: each element then costs three
+#: passes of CPU (widen, add, cast) for half the bytes on the wire, so a slice of the same
+#: bytes would leave the casts of a whole chunk outside the pipeline (measured on the lab:
+#: the ring at 16 MiB, p = 2 and 4, with docs/compression.md's commands).
+WIRE_SLICE_BYTES = 1 << 20
 
 
 def run_schedule(
@@ -102,6 +122,7 @@ def run_schedule(
     slice_bytes: int | None = None,
     divisor: int = 1,
     tag: int = 0,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """All-reduce (sum) the 1-D contiguous tensor ``flat`` in place following ``schedule``.
 
@@ -115,6 +136,10 @@ def run_schedule(
     slices from small tensors); CUDA tensors always run in one slice.
     On CPU the first call on a group makes its upward transport (collective over the group's
     members, see :mod:`~ddp_ring_hooks.runtime.directions`), unless a hook state made it.
+    The transfers carry the schedule's wire dtype (a narrower one: see the module docstring;
+    one not narrower than ``flat`` is a ``TypeError`` naming the fix). ``residual``: a tensor
+    like ``flat`` that receives what this rank's roundings to the wire dtype lost (zero where
+    it rounded nothing, and everywhere when nothing is rounded), for error feedback.
     """
     group_size = dist.get_world_size(group)
     if schedule.world_size != group_size:
@@ -126,27 +151,41 @@ def run_schedule(
         raise ValueError("run_schedule needs a 1-D contiguous tensor; pass tensor.view(-1)")
     if slice_bytes is not None and slice_bytes < 1:
         raise ValueError(f"slice_bytes must be positive, got {slice_bytes}")
+    if residual is not None and (residual.shape != flat.shape or residual.dtype != flat.dtype):
+        raise ValueError(f"residual must be a tensor like flat ({flat.dtype}, {tuple(flat.shape)}), got "
+                         f"{residual.dtype}, {tuple(residual.shape)}")
+    wire = wire_dtype_for(flat.dtype, schedule.options)
+    if group_size == 1 or flat.numel() == 0 or wire is None:
+        if residual is not None:
+            residual.zero_()  # nothing is rounded: nothing to feed back
     if group_size == 1 or flat.numel() == 0:
         if divisor != 1:
             flat.div_(divisor)
         observer.on_finish()
         return flat
     on_cpu = flat.device.type == "cpu"
-    slices = _slice_count(schedule, flat, slice_bytes) if on_cpu else 1
+    wire_size = wire.itemsize if wire is not None else flat.element_size()
+    slices = _slice_count(schedule, flat, slice_bytes, wire_size) if on_cpu else 1
     rank = dist.get_rank(group)
     program = program_for(
-        schedule, rank, numel=flat.numel(), element_size=flat.element_size(), slices=slices,
-        window=min(SLICES_IN_FLIGHT, slices), divide=divisor != 1,
+        schedule, rank, numel=flat.numel(), element_size=wire_size, slices=slices,
+        window=min(SLICES_IN_FLIGHT, slices), divide=divisor != 1, wire=wire is not None,
     )
     group = group if group is not None else dist.group.WORLD
-    _Execution(schedule, program, flat, group, rank, observer, divisor, on_cpu, tag).run()
+    execution = _Execution(schedule, program, flat, group, rank, observer, divisor, on_cpu, tag)
+    if wire is not None:
+        execution.on_the_wire(flat, wire, residual)
+    execution.run()
     observer.on_finish()
     return flat
 
 
-def _slice_count(schedule: Schedule, flat: torch.Tensor, slice_bytes: int | None) -> int:
-    largest_chunk = chunk_sizes(flat.numel(), schedule.num_chunks)[0] * flat.element_size()
-    return max(1, math.ceil(largest_chunk / (slice_bytes or SLICE_BYTES)))
+def _slice_count(schedule: Schedule, flat: torch.Tensor, slice_bytes: int | None, wire_size: int) -> int:
+    """Slices so that no message is larger than :data:`SLICE_BYTES` on the wire
+    (:data:`WIRE_SLICE_BYTES` on a narrower one)."""
+    largest_chunk = chunk_sizes(flat.numel(), schedule.num_chunks)[0] * wire_size
+    limit = slice_bytes or (WIRE_SLICE_BYTES if wire_size < flat.element_size() else SLICE_BYTES)
+    return max(1, math.ceil(largest_chunk / limit))
 
 
 class _Execution:
@@ -163,6 +202,9 @@ class _Execution:
         self.tag = tag
         self.observer = observer
         self.pieces = flat.split(program.piece_sizes)
+        # What sends read and receives land in: the pieces themselves, or on a narrower wire
+        # their images (on_the_wire).
+        self.wire_pieces = self.pieces
         self.element_size = flat.element_size()
         # Scratch is reused (see the module docstring): a fresh buffer of tens of MB costs a
         # page fault per 4 KB on every call on CPU, an allocator round trip per bucket on CUDA.
@@ -176,6 +218,19 @@ class _Execution:
         self.start = _start_on_cpu if on_cpu else _start_batched
         # Messages from a lower to a higher rank go on it (see runtime/directions.py).
         self.upward = upward_transport(group) if on_cpu else group
+        self.residuals: tuple[torch.Tensor, ...] | None = None
+
+    def on_the_wire(self, flat: torch.Tensor, wire: torch.dtype, residual: torch.Tensor | None) -> None:
+        """Send and receive ``wire`` values (see the module docstring): the wire image, staged
+        receives and the widening piece, all reused per thread; ``residual``: where the
+        roundings' losses go."""
+        program = self.program
+        self.wire_pieces = _reused_buffer(flat, flat.numel(), dtype=wire, purpose="image").split(program.piece_sizes)
+        self.scratch = _reused_buffer(flat, program.scratch_numel, dtype=wire)
+        self.wide = _reused_buffer(flat, max(program.piece_sizes), purpose="wide")
+        self.element_size = wire.itemsize
+        if residual is not None:
+            self.residuals = residual.split(program.piece_sizes)
 
     def run(self) -> None:
         in_flight: deque[list[dist.Work]] = deque()
@@ -190,6 +245,8 @@ class _Execution:
             if type(event) is Post:
                 for piece in event.unit.divide:
                     pieces[piece].div_(divisor)
+                for cast in event.unit.casts:
+                    self._cast(cast)
                 if clock is not None:
                     posted.append(clock())
                 in_flight.append(self.start(self, event.unit))
@@ -206,10 +263,34 @@ class _Execution:
                 self.observer.on_phase(event.name)
         for piece in self.program.undivided:
             pieces[piece].div_(divisor)
+        for cast in self.program.unrounded:
+            self._cast(cast)
+        if self.residuals is not None:
+            for piece in self.program.unresidual:
+                self.residuals[piece].zero_()
+
+    def _cast(self, cast: Cast) -> None:
+        """Narrow a piece into its wire image (the rounding); keep what it lost in the residual;
+        round the piece itself when its value is final (see :mod:`.program`)."""
+        piece, image = self.pieces[cast.piece], self.wire_pieces[cast.piece]
+        image.copy_(piece)
+        if self.residuals is None:
+            if cast.round_back:
+                piece.copy_(image)
+            return
+        wide = self.wide[: piece.numel()].copy_(image)
+        residual = self.residuals[cast.piece]
+        if cast.first:
+            torch.sub(piece, wide, out=residual)
+        else:
+            residual.add_(piece).sub_(wide)
+        if cast.round_back:
+            piece.copy_(wide)
 
     def buffer(self, message: Message) -> torch.Tensor:
-        """Where a message is read from or lands: its piece, or its place in scratch."""
-        piece = self.pieces[message.piece]
+        """Where a message is read from or lands: its piece (its wire image on a narrower wire),
+        or its place in scratch."""
+        piece = self.wire_pieces[message.piece]
         if message.scratch is None:
             return piece
         return self.scratch[message.scratch : message.scratch + piece.numel()]
@@ -256,6 +337,9 @@ class _Execution:
         )
 
     def _land(self, event: Complete) -> None:
+        if self.program.wire:
+            self._land_from_the_wire(event)
+            return
         pieces, divisor = self.pieces, self.divisor
         for landing in event.landings:
             if landing.message.scratch is None:  # a copy that landed in place
@@ -267,6 +351,28 @@ class _Execution:
                 piece.add_(received)
             else:
                 torch.addcdiv(received, piece, divisor, out=piece)
+        if event.ends_step:
+            step = event.unit.step
+            self.observer.on_step(step, self.schedule.plan_for(self.rank)[step], self.program.chunk_bytes)
+
+    def _land_from_the_wire(self, event: Complete) -> None:
+        """:meth:`_land` on a narrower wire: a copy is widened into the piece (and kept in the
+        image, to be forwarded, when it was staged); a sum is widened, then added in the
+        bucket's dtype (fused with the division on the piece's first use)."""
+        pieces, images, divisor = self.pieces, self.wire_pieces, self.divisor
+        for landing in event.landings:
+            message = landing.message
+            piece, received = pieces[message.piece], self.buffer(message)
+            if landing.op is Op.COPY:
+                piece.copy_(received)
+                if message.scratch is not None:
+                    images[message.piece].copy_(received)
+                continue
+            wide = self.wide[: piece.numel()].copy_(received)
+            if landing.divide:
+                torch.addcdiv(wide, piece, divisor, out=piece)
+            else:
+                piece.add_(wide)
         if event.ends_step:
             step = event.unit.step
             self.observer.on_step(step, self.schedule.plan_for(self.rank)[step], self.program.chunk_bytes)
@@ -323,7 +429,7 @@ def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
             if direction is RECEIVE:
                 works.append((upward if m.peer < rank else group).recv([execution.buffer(m)], m.peer, tag))
             else:
-                works.append((upward if rank < m.peer else group).send([execution.pieces[m.piece]], m.peer, tag))
+                works.append((upward if rank < m.peer else group).send([execution.wire_pieces[m.piece]], m.peer, tag))
     except RuntimeError as error:
         # A peer that died before this step fails the post itself, not the wait; the message
         # being posted names the peer (gloo's own text has only a socket address).
@@ -337,7 +443,7 @@ def _start_batched(execution: _Execution, unit: Unit) -> list[dist.Work]:
     group = execution.group
     ops = [
         p2p_op(dist.irecv, execution.buffer(m), group=group, peer=m.peer) if direction is RECEIVE
-        else p2p_op(dist.isend, execution.pieces[m.piece], group=group, peer=m.peer)
+        else p2p_op(dist.isend, execution.wire_pieces[m.piece], group=group, peer=m.peer)
         for direction, m in _posting_order(unit)
     ]
     try:
@@ -349,11 +455,13 @@ def _start_batched(execution: _Execution, unit: Unit) -> list[dist.Work]:
 _reusable = threading.local()
 
 
-def _cache_key(flat: torch.Tensor) -> tuple:
-    """Per dtype on CPU; per device, dtype and current stream on CUDA (see the docstring)."""
+def _cache_key(flat: torch.Tensor, dtype: torch.dtype | None = None) -> tuple:
+    """Per dtype (``flat``'s, or ``dtype``) on CPU; per device, dtype and current stream on
+    CUDA (see the docstring)."""
+    dtype = flat.dtype if dtype is None else dtype
     if flat.device.type == "cpu":
-        return (flat.dtype,)
-    return (flat.dtype, flat.device, torch.cuda.current_stream(flat.device).cuda_stream)
+        return (dtype,)
+    return (dtype, flat.device, torch.cuda.current_stream(flat.device).cuda_stream)
 
 
 def _cache() -> dict:
@@ -363,17 +471,19 @@ def _cache() -> dict:
     return cache
 
 
-def _reused_buffer(flat: torch.Tensor, numel: int) -> torch.Tensor:
-    """A buffer of ``numel`` elements like ``flat``, kept per thread (see :func:`_cache_key`),
-    grown when too small.
+def _reused_buffer(flat: torch.Tensor, numel: int, *, dtype: torch.dtype | None = None,
+                   purpose: str = "scratch") -> torch.Tensor:
+    """A buffer of ``numel`` elements like ``flat`` (of ``dtype``, default ``flat``'s), one per
+    ``purpose``, kept per thread (see :func:`_cache_key`), grown when too small.
 
     Per thread, because the comm workers and the main thread may run schedules at the same
-    time. Its size is bounded by ``SLICES_IN_FLIGHT`` pieces of staged receives.
+    time. Scratch is bounded by ``SLICES_IN_FLIGHT`` pieces of staged receives; a narrower
+    wire adds its image (the bucket in the wire dtype) and one widening piece.
     """
-    cache, key = _cache(), ("scratch", *_cache_key(flat))
+    cache, key = _cache(), (purpose, *_cache_key(flat, dtype))
     buffer = cache.get(key)
     if buffer is None or buffer.numel() < numel:
-        buffer = cache[key] = flat.new_empty(numel)
+        buffer = cache[key] = flat.new_empty(numel, dtype=dtype)
     return buffer[:numel]
 
 

@@ -31,6 +31,14 @@ issued and ``on_finish`` when it completes:
   (on the compute stream) to the start mark: how long the bucket waited behind earlier
   buckets' communication. The Future completes on the side stream; nothing syncs.
 
+**On a narrower wire** (``wire_dtype="bf16"`` or ``"fp16"``) ``native`` is PyTorch's own
+``bf16_compress_hook`` / ``fp16_compress_hook`` (``default_hooks.py``), step for step, so its
+numbers are theirs bit for bit: cast the bucket to the wire dtype (a new tensor, as theirs),
+divide it there by the world size, the group's ``all_reduce`` in that dtype (gloo and NCCL add
+in it, rounding at every hop), copy back into the bucket. Note the order: PyTorch casts first
+and divides in the narrow dtype, so an fp16 value above 65504 overflows before the division
+that was to guard it; the schedules divide in fp32 first (``runtime/program.py``).
+
 Unlike the schedules, ``native`` runs on the calling thread (the autograd thread in DDP), on the
 hook's own group, exactly like DDP's builtin hook: it is one launch, so there is no Python time
 to move off that thread, and issuing it there keeps it in order with DDP's other collectives.
@@ -54,37 +62,67 @@ def run_native(
     group: dist.ProcessGroup | None = None,
     observer: ExecutionObserver = NULL_OBSERVER,
     average: bool = False,
+    wire: torch.dtype | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.futures.Future:
     """Sum (``average=True``: average, as DDP does) ``flat`` over ``group`` in place with the
     group's own ``all_reduce``; return a Future that completes with ``flat``.
+
+    ``wire``: a narrower dtype to all-reduce in, as PyTorch's compress hooks do (see the module
+    docstring; ``None``: ``flat``'s own). ``residual``: a tensor like ``flat`` that receives
+    what the cast lost of this rank's contribution (error feedback; zero without a ``wire``).
 
     Returns without waiting: on CPU the Future completes when gloo is done; on CUDA it is
     complete at once, its value ready on the communication stream (``wait()`` makes the
     caller's stream wait for it, as with any CUDA Future).
     """
-    scale = 1.0 / dist.get_world_size(group) if average else 1.0
+    world_size = dist.get_world_size(group)
+    scale = 1.0 / world_size if average else 1.0
     if flat.is_cuda:
-        return _run_on_cuda(flat, group, observer, scale)
-    if scale != 1.0:
-        flat.mul_(scale)  # see the module docstring: DDP's own scaling, bit for bit
+        return _run_on_cuda(flat, group, observer, scale, wire, residual, world_size if average else 1)
+    sent = _before(flat, scale, wire, residual, world_size if average else 1)
     observer.on_phase(PHASE)
-    work = dist.all_reduce(flat, group=group, async_op=True)
+    work = dist.all_reduce(sent, group=group, async_op=True)
 
     def finished(future: torch.futures.Future) -> torch.Tensor:
         future.value()  # raises the backend's error, which DDP then raises at end of backward
+        if sent is not flat:
+            flat.copy_(sent)  # decompress in place, as PyTorch's hooks do
         observer.on_finish()
         return flat
 
     return work.get_future().then(finished)
 
 
-def _run_on_cuda(flat: torch.Tensor, group, observer: ExecutionObserver, scale: float) -> torch.futures.Future:
+def _before(flat: torch.Tensor, scale: float, wire: torch.dtype | None, residual: torch.Tensor | None,
+            divisor: int) -> torch.Tensor:
+    """What the collective reduces: ``flat`` scaled as DDP scales it, or PyTorch's compressed copy
+    (cast, then divided in the wire dtype: ``_compress_hook`` in ``default_hooks.py``), with the
+    residual of the cast and the division (``flat / divisor`` minus what is sent)."""
+    if wire is None:
+        if residual is not None:
+            residual.zero_()
+        if scale != 1.0:
+            flat.mul_(scale)  # see the module docstring: DDP's own scaling, bit for bit
+        return flat
+    compressed = flat.to(wire)
+    if divisor != 1:
+        compressed.div_(divisor)
+    if residual is not None:
+        torch.div(flat, divisor, out=residual)
+        residual.sub_(compressed.to(flat.dtype))  # widened first: a mixed-dtype subtraction is slow
+    return compressed
+
+
+def _run_on_cuda(flat: torch.Tensor, group, observer: ExecutionObserver, scale: float, wire, residual,
+                 divisor: int) -> torch.futures.Future:
     stream = stream_after_current(flat.device)
     with torch.cuda.stream(stream):
-        if scale != 1.0:
-            flat.mul_(scale)
+        sent = _before(flat, scale, wire, residual, divisor)
         observer.on_phase(PHASE)
-        dist.all_reduce(flat, group=group, async_op=True).wait()  # NCCL: a stream wait, no host wait
+        dist.all_reduce(sent, group=group, async_op=True).wait()  # NCCL: a stream wait, no host wait
+        if sent is not flat:
+            flat.copy_(sent)
         observer.on_finish()
         # Completes now; its event is recorded on the side stream (the current one here).
         future = torch.futures.Future(devices=[flat.device])

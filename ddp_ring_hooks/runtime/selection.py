@@ -31,6 +31,12 @@ checks all come from the registry. Before the probe the ranks all-gather a check
 algorithm's resolved options, and one they resolve differently (``LOCAL_WORLD_SIZE`` differing
 between nodes) is left out of the default candidates, on every rank alike.
 
+``auto`` never picks compression by itself: compression changes the numbers, so the wire dtype
+is the user's choice (``wire_dtype=``, an option every algorithm declares). Given, it goes to
+every candidate like any shared option, the probe times the candidates on that wire (the casts
+included) and the formulas price its bytes (``cost_model.on_the_wire``); not given, every
+candidate sends the bucket as it is.
+
 Small buckets go to the latency-lean algorithms, large ones to the bandwidth-optimal ones.
 Each distinct bucket size is decided once, cached, and logged on the ``ddp_ring_hooks.auto``
 logger with the winner's margin over the runner-up. Ties go to the candidate listed first
@@ -62,6 +68,7 @@ from .executor import run_schedule
 from .names import AUTO, NATIVE, has_schedule, runnable_algorithms
 from .native import run_native
 from .ring_orders import settle_ring_order
+from .wire import wire_dtype_for
 
 __all__ = [
     "AUTO", "AUTO_OPTIONS", "NATIVE", "AutoSelector", "agreed_option_sets", "auto_option_names", "calibrate",
@@ -121,8 +128,9 @@ def _time_all_reduce(algorithm: str, options: Mapping, nbytes: int, group, devic
     if has_schedule(algorithm):
         schedule = checked_schedule(algorithm, dist.get_world_size(group), nbytes=nbytes, **options)
         call = lambda: run_schedule(schedule, buffer, group=group)  # noqa: E731
-    else:
-        call = lambda: run_native(buffer, group=group).wait()  # noqa: E731
+    else:  # on the wire the options name, as the hook will run it (the casts are timed too)
+        wire = wire_dtype_for(buffer.dtype, resolve_options(algorithm, options))
+        call = lambda: run_native(buffer, group=group, wire=wire).wait()  # noqa: E731
     blocks = [
         time_calls(call, device, warmup=1 if block == 0 else 0, iters=CALLS_PER_BLOCK, group=group)
         for block in range(repeats)

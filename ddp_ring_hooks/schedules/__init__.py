@@ -26,11 +26,12 @@ from .ordering import (
 )
 from .registry import (
     Algorithm, CostTerms, Option, algorithm_examples, algorithm_names, check_given_options, formula_for, get_algorithm,
-    options_by_name, options_for, register_algorithm, resolve_options, sized_options,
+    options_by_name, options_for, register_algorithm, resolve_options, shape_options, sized_options,
 )
 from .replay import final_state, replay
 from .ring import build_ring_schedule, ring_busiest_sends, ring_cost, ring_shared_uplink_cost, ring_uplink_cost
 from .tree import build_tree_schedule, tree_cost
+from .wire import WIRE_BYTES, WIRE_DTYPE, is_narrow, wire_of, wire_ratio, with_wire
 
 
 def _positive_int(value: object) -> str | None:
@@ -65,31 +66,31 @@ RING_ORDER = (
 register_algorithm(Algorithm(
     "ring", "reduce-scatter then all-gather around a ring: 2(p-1) messages of n/p",
     build=build_ring_schedule, cost=ring_cost, busiest_sends=ring_busiest_sends, uplink_cost=ring_shared_uplink_cost,
-    layout="ring", options=RING_ORDER,
+    layout="ring", options=(*RING_ORDER, WIRE_DTYPE),
     # The reversed order of a ring of 3+ ranks is a different ring (a permutation the grids run).
     examples=lambda p: ({},) if p < 3 else ({}, {"ring_order": tuple(reversed(range(p)))}),
 ))
 register_algorithm(Algorithm(
     "naive", "every rank sends its buffer to rank 0, which sums and sends the result back",
-    build=build_naive_schedule, cost=naive_cost, layout="star",
+    build=build_naive_schedule, cost=naive_cost, layout="star", options=(WIRE_DTYPE,),
 ))
 register_algorithm(Algorithm(
     "tree", "binomial-tree reduce to rank 0, then broadcast, pipelined in segments",
     build=build_tree_schedule, cost=tree_cost, layout="tree",
     options=(Option("segments", 1, "pipeline the buffer in K segments", check=_positive_int, label="{} segments",
-                    metavar="K"),),
+                    metavar="K"), WIRE_DTYPE),
     examples=lambda p: ({"segments": 1}, {"segments": 3}),
 ))
 register_algorithm(Algorithm(
     "double_binary_tree", "NCCL's two binary trees, each reducing and broadcasting half the buffer, pipelined",
     build=build_double_binary_tree_schedule, cost=double_binary_tree_cost, layout="trees",
     options=(Option("segments", None, "pipeline each tree's half in K segments", check=_positive_int_or_by_size,
-                    label="{} segments", metavar="K", per_size=double_binary_tree_segments_for),),
+                    label="{} segments", metavar="K", per_size=double_binary_tree_segments_for), WIRE_DTYPE),
     examples=lambda p: ({"segments": 1}, {"segments": 3}),
 ))
 register_algorithm(Algorithm(
     "halving_doubling", "Rabenseifner: recursive halving reduce-scatter, doubling all-gather",
-    build=build_halving_doubling_schedule, cost=halving_doubling_cost, layout="ring",
+    build=build_halving_doubling_schedule, cost=halving_doubling_cost, layout="ring", options=(WIRE_DTYPE,),
 ))
 register_algorithm(Algorithm(
     "hierarchical", "rings inside each node, a ring across nodes on a 1/G shard",
@@ -98,7 +99,7 @@ register_algorithm(Algorithm(
                     environment="LOCAL_WORLD_SIZE", label="{}/node", metavar="G"),
              Option("segments", None, "pipeline the buffer in K segments", check=_positive_int_or_by_size,
                     label="{} segments", metavar="K", per_size=hierarchical_segments_for),
-             *RING_ORDER),
+             *RING_ORDER, WIRE_DTYPE),
     # Only a true hierarchy (several nodes of several ranks) differs from a ring.
     applies=lambda p, options: options["local_size"] in _proper_divisors(p),
     examples=lambda p: tuple({"local_size": g} for g in _proper_divisors(p)) + tuple(
@@ -113,7 +114,9 @@ register_algorithm(Algorithm(
     "native", "the process group's own all_reduce (NCCL's or gloo's), timed by the hook",
     # No schedule and no formula: NCCL and gloo choose their algorithm inside. Both run rings
     # for large buffers, so calibration fits its own α, β with the ring's shape.
-    build=None, cost=None, priced_as="ring",
+    # With a narrower wire dtype it is PyTorch's bf16/fp16_compress_hook: cast, the group's
+    # all_reduce in that dtype, cast back (runtime/native.py).
+    build=None, cost=None, priced_as="ring", options=(WIRE_DTYPE,),
 ))
 
 #: Names of the algorithms that run a schedule (what ``ddp_ring_hooks.ALGORITHMS`` lists).
@@ -134,7 +137,7 @@ def build_schedule(algorithm: str, world_size: int, *, nbytes: int = 0, **option
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     resolved = resolve_options(algorithm, options, nbytes=nbytes)
-    schedule = record.build(world_size, **resolved)
+    schedule = record.build(world_size, **shape_options(algorithm, resolved))
     # What the builder resolved further (a ring order's permutation) wins over what it was given.
     return dataclasses.replace(schedule, options=tuple(sorted({**resolved, **dict(schedule.options)}.items())))
 
@@ -167,5 +170,6 @@ __all__ = [
     "algorithm_examples", "algorithm_names", "check_given_options", "checked_schedule", "final_state", "formula_for",
     "NEEDS_LINKS", "NEEDS_NODES", "get_algorithm", "group_needs", "hierarchical_uplink_cost", "options_by_name", "options_for", "register_algorithm", "replay",
     "resolve_options", "ring_crossings", "ring_order_of", "ring_uplink_cost",
-    "schedule_nodes", "schedule_order", "settled", "sized_options",
+    "schedule_nodes", "schedule_order", "settled", "shape_options", "sized_options",
+    "WIRE_BYTES", "WIRE_DTYPE", "is_narrow", "wire_of", "wire_ratio", "with_wire",
 ]

@@ -57,6 +57,10 @@ class Option:
     buffer (a pipeline that deepens with the buffer, as NCCL's fixed chunk size makes it), chosen
     where the size is known (:func:`resolve_options` with ``nbytes``); without a size the option
     stays ``None``, "by size", and a schedule built without one takes ``per_size(0)``.
+    ``transfer=True`` marks a property of the transfers rather than of the schedule's shape
+    (the wire dtype, ``schedules/wire.py``): the builder and the closed-form costs do not take
+    it (:func:`shape_options` leaves it out for them); it travels in ``Schedule.options`` for
+    the executor and the cost model.
     """
 
     name: str
@@ -68,6 +72,7 @@ class Option:
     metavar: str = "VALUE"
     parse: Callable[[str], object] = int
     per_size: Callable[[int], object] | None = None
+    transfer: bool = False
 
     @property
     def required(self) -> bool:
@@ -84,11 +89,13 @@ class Option:
 class CostTerms:
     """An algorithm's time in the α-β-γ model, as coefficients of its terms::
 
-        time = messages·α + n·(bytes·β + reduced·γ) + local_messages·α_l + n·local_bytes·β_l
+        time = messages·α + n·(bytes·β + (reduced + cast)·γ) + local_messages·α_l + n·local_bytes·β_l
 
     ``messages`` are the message start-ups on the critical path, ``bytes`` and ``reduced`` the
     bytes sent and added there per byte of the ``n``-byte buffer; the ``local_`` terms are the
-    same for links inside a node (hierarchical), priced at ``α_l, β_l``.
+    same for links inside a node (hierarchical), priced at ``α_l, β_l``. ``cast``: bytes of the
+    buffer narrowed to or widened from a narrower wire dtype, a pass over memory like an
+    addition, so priced at γ too (0 unless the wire is narrower: ``schedules/wire.py``).
     """
 
     messages: float = 0.0
@@ -96,6 +103,7 @@ class CostTerms:
     reduced: float = 0.0
     local_messages: float = 0.0
     local_bytes: float = 0.0
+    cast: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +207,13 @@ def resolve_options(
         _check_value(algorithm, option, value)
         resolved[option.name] = value
     return resolved
+
+
+def shape_options(name: str, options: Mapping[str, object]) -> dict:
+    """The entries of ``options`` that shape ``name``'s schedule: what its builder, cost and
+    closed forms take (every option but the transfer ones, :attr:`Option.transfer`)."""
+    transfer = {option.name for option in get_algorithm(name).options if option.transfer}
+    return {key: value for key, value in options.items() if key not in transfer}
 
 
 def sized_options(name: str, options: Mapping[str, object], nbytes: int) -> dict:

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..runtime.observer import ExecutionObserver
+from ..runtime.wire import BucketBytes, bucket_bytes
 from .arrivals import ArrivalGather
 from .exchange import StepExchange
 from .link_timing import LinkTiming
@@ -101,11 +102,13 @@ class Observation:
 
     def hand_over(
         self, buffer: torch.Tensor, *, step: int, index: int, is_last: bool, algorithm: str, group,
+        size: BucketBytes | None = None,
     ) -> BucketWatch:
         """DDP handed bucket ``index`` of optimizer ``step`` over, and the hook checked it and
         chose its ``algorithm`` (call it on the hook thread, in DDP's order, right before the
         launch): its hand-over mark, and the watch to pass to the executor as its observer
-        (then tell it the Future: :meth:`BucketWatch.launched`)."""
+        (then tell it the Future: :meth:`BucketWatch.launched`). ``size``: its bytes and its
+        bytes on the wire (default: as the buffer is)."""
         timer = self._timers.for_buffer(buffer)
         handed = timer.mark()  # first: "handed over" starts queue_ms, exposed_ms, the arrival
         opened = self._open
@@ -113,7 +116,8 @@ class Observation:
             opened = self._open = self._open_step(step, group)
             self._exchangers = tuple(watcher for watcher in self.watchers if watcher.exchanges_after(step))
             opened.exchanged = bool(self._exchangers)
-        bucket = BucketWatch(self, opened, timer, handed, buffer, index=index, is_last=is_last, algorithm=algorithm)
+        bucket = BucketWatch(self, opened, timer, handed, buffer, index=index, is_last=is_last, algorithm=algorithm,
+                             size=size or bucket_bytes(buffer, None))
         seen = [watcher.on_bucket(bucket) for watcher in self.watchers]
         bucket.watched_by((*(observer for observer in seen if observer is not None), *self.observers))
         if opened.marked:

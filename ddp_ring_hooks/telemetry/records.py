@@ -65,6 +65,11 @@ class BucketRecord:
     ``start_ms`` is the start on this process's clock (``time.perf_counter`` in ms, which on
     Linux is the machine-wide monotonic clock, so ranks on one host line up in a trace) and
     ``phase_offsets_ms`` where each phase starts, relative to ``start_ms``.
+    ``wire_bytes`` is what the bucket's transfers carry (``wire``, their dtype: ``bfloat16``
+    with ``wire_dtype="bf16"``); ``None`` in records made before it existed: ``nbytes``.
+    ``algbw_GBps`` is the bucket's own bytes per second (what the training sees: bf16 on the
+    wire doubles it), ``busbw_GBps`` the bytes that crossed the links (its wire bytes, times
+    ``2(p-1)/p``): compare it with the links' rate.
     """
 
     step: int
@@ -82,6 +87,18 @@ class BucketRecord:
     rank: int = 0
     start_ms: float = 0.0
     phase_offsets_ms: dict[str, float] = field(default_factory=dict)
+    wire_bytes: int | None = None
+    wire: str = ""
+
+    @property
+    def bytes_on_wire(self) -> int:
+        """The bytes its transfers carried (``nbytes`` when the record does not say)."""
+        return self.nbytes if self.wire_bytes is None else self.wire_bytes
+
+    @property
+    def wire_ratio(self) -> float:
+        """Bytes on the wire per byte of the bucket: 0.5 with bf16 on the wire of an fp32 bucket."""
+        return self.bytes_on_wire / self.nbytes if self.nbytes else 1.0
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ in :mod:`.summary`.
 
 TensorBoard tags (stable: dashboards are built on them)::
 
-    comm/bucket_{i}/time_ms  bytes  busbw_GBps  algbw_GBps  queue_ms  {phase}_ms
+    comm/bucket_{i}/time_ms  bytes  wire_bytes  busbw_GBps  algbw_GBps  queue_ms  {phase}_ms
     comm/step/total_ms  exposed_ms  num_buckets  bucket_time_ms (histogram)
     comm/telemetry/dropped
     comm/ranks/straggler_rank  straggler_wait_ms  arrival_spread_ms  clock_error_ms
@@ -17,7 +17,9 @@ TensorBoard tags (stable: dashboards are built on them)::
                                                          (with spread_every and links=True)
     comm/advice                                          (text, when the hook state closes)
 
-``straggler_rank`` is the rank that arrived last (handed its last bucket over last) and
+``wire_bytes`` is what the bucket's transfers carried (half its ``bytes`` with
+``wire_dtype="bf16"``); ``busbw_GBps`` is computed on it (the links' load), ``algbw_GBps`` on
+``bytes`` (the bucket's own rate). ``straggler_rank`` is the rank that arrived last (handed its last bucket over last) and
 ``straggler_wait_ms`` the median over the other ranks of how long they waited for it (see
 :class:`~.records.RankArrivals`). There is no "slowest rank by communication time": the rank
 that communicates longest is the one that waited longest, a victim, not the culprit.
@@ -158,6 +160,7 @@ class TensorBoardSink(Sink):
             prefix = f"comm/bucket_{bucket.index}"
             add(f"{prefix}/time_ms", bucket.time_ms)
             add(f"{prefix}/bytes", bucket.nbytes)
+            add(f"{prefix}/wire_bytes", bucket.bytes_on_wire)
             add(f"{prefix}/busbw_GBps", bucket.busbw_GBps)
             add(f"{prefix}/algbw_GBps", bucket.algbw_GBps)
             add(f"{prefix}/queue_ms", bucket.queue_ms)
@@ -244,6 +247,7 @@ def custom_scalars_layout() -> dict:
             ("time (ms)", "time_ms"),
             ("busbw (GB/s)", "busbw_GBps"),
             ("bytes", "bytes"),
+            ("bytes on the wire", "wire_bytes"),
             ("queue (ms)", "queue_ms"),
         )
     }

@@ -6,6 +6,7 @@ import collections
 import math
 from collections.abc import Iterable
 
+from ..schedules.wire import short_name
 from .records import StepRecord
 from .sinks import Sink
 
@@ -16,6 +17,8 @@ class SummaryTable(Sink):
     One row per (bucket, size, dtype): DDP rebuilds its buckets after the first step, so the
     first step's layout gets rows of its own instead of blurring the others. Each row keeps
     at most ``window`` recent samples for its percentiles (memory stays flat); counts are exact.
+    When the transfers carry a narrower dtype than the buckets, a line says which and what share
+    of the bytes crossed the links ("bf16 on the wire: 0.50x the bytes"; busbw counts those).
     """
 
     def __init__(self, window: int = 4096) -> None:
@@ -25,6 +28,7 @@ class SummaryTable(Sink):
         self._exposed = _Row(window)
         self._last: StepRecord | None = None
         self._first_step_keys: set[tuple[int, int, str]] = set()
+        self._wire: dict[str, list[int]] = {}  # per wire dtype: [bytes of the buckets, bytes on the wire]
 
     def write(self, record: StepRecord) -> None:
         for bucket in record.buckets:
@@ -35,6 +39,10 @@ class SummaryTable(Sink):
             if row is None:
                 row = self._rows[key] = _Row(self.window)
             row.add(bucket.time_ms, bucket.busbw_GBps, bucket.queue_ms)
+            if bucket.wire and bucket.wire != bucket.dtype:
+                totals = self._wire.setdefault(bucket.wire, [0, 0])
+                totals[0] += bucket.nbytes
+                totals[1] += bucket.bytes_on_wire
         if record.buckets:
             self._steps.add(record.total_ms, 0.0, 0.0)
             self._exposed.add(record.exposed_ms, 0.0, 0.0)
@@ -61,6 +69,10 @@ class SummaryTable(Sink):
             f"  step: total p50 {self._steps.time(0.5):.3f} ms, p90 {self._steps.time(0.9):.3f} ms; "
             f"exposed p50 {self._exposed.time(0.5):.3f} ms, p90 {self._exposed.time(0.9):.3f} ms"
         )
+        lines += [
+            f"  {short_name(wire)} on the wire: {on_wire / nbytes:.2f}x the bytes (busbw counts the bytes on the wire)"
+            for wire, (nbytes, on_wire) in self._wire.items() if nbytes
+        ]
         return "\n".join(lines)
 
 

@@ -145,7 +145,8 @@ def trace_events(records: Iterable[StepRecord], arrivals: Iterable[RankArrivals]
             slice_(
                 f"bucket {bucket.index} step {record.step}", pid, tid, bucket.start_ms, bucket.time_ms,
                 {
-                    "step": record.step, "bytes": bucket.nbytes, "numel": bucket.numel, "dtype": bucket.dtype,
+                    "step": record.step, "bytes": bucket.nbytes, "wire_bytes": bucket.bytes_on_wire,
+                    "wire": bucket.wire or bucket.dtype, "numel": bucket.numel, "dtype": bucket.dtype,
                     "algorithm": bucket.algorithm, "world_size": bucket.world_size,
                     "busbw_GBps": _finite(bucket.busbw_GBps), "algbw_GBps": _finite(bucket.algbw_GBps),
                 },

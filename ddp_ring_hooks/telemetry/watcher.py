@@ -30,6 +30,7 @@ import threading
 import time
 
 from ..runtime.observer import ExecutionObserver, FanOut
+from ..runtime.wire import BucketBytes
 from .bucket_marks import BucketClocks
 
 #: How long a reader waits for a step's CUDA events to complete (they never may: a hung GPU).
@@ -138,7 +139,8 @@ class BucketWatch(FanOut):
     watchers' observers (:class:`~ddp_ring_hooks.runtime.observer.FanOut`).
 
     - what: ``step`` (optimizer step), ``index`` (DDP's bucket order), ``is_last``, ``nbytes``,
-      ``numel``, ``dtype``, ``algorithm``, ``world_size``, ``rank``, ``group``;
+      ``wire_bytes`` and ``wire`` (what its transfers carry: its bytes on the wire and their
+      dtype), ``numel``, ``dtype``, ``algorithm``, ``world_size``, ``rank``, ``group``;
     - marks (:mod:`.timer`: host seconds, or CUDA events on the stream doing the work):
       ``handed`` (taken first, as DDP handed the bucket over; on CUDA also the event the
       communication stream waits for), and on marked steps ``phases`` (``(name, mark)`` at each
@@ -152,7 +154,7 @@ class BucketWatch(FanOut):
     """
 
     def __init__(self, observation, step: StepWatch, timer, handed, buffer, *, index: int, is_last: bool,
-                 algorithm: str) -> None:
+                 algorithm: str, size: BucketBytes) -> None:
         super().__init__(())
         self._observation = observation
         self._step: StepWatch | None = step  # dropped when the bucket finishes: no cycle left
@@ -162,7 +164,9 @@ class BucketWatch(FanOut):
         self.index = index
         self.is_last = is_last
         self.numel = buffer.numel()
-        self.nbytes = self.numel * buffer.element_size()
+        self.nbytes = size.nbytes
+        self.wire_bytes = size.wire_bytes
+        self.wire = size.wire
         self.dtype = buffer.dtype
         self.algorithm = algorithm
         self.world_size = step.world_size

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 
 from .. import cost_model
-from ..schedules import Schedule, schedule_order
+from ..schedules import WIRE_BYTES, Schedule, is_narrow, schedule_order, wire_of
 from .simulate import END, START, ChunkState, Frame, Simulation
 
 
@@ -83,16 +83,29 @@ def format_cost(
     except (TypeError, ValueError):  # an algorithm (or option) the formulas do not cover
         closed = None
     uneven = len(set(simulation.chunk_elements)) > 1
-    return [
+    wire = [] if not is_narrow(schedule.options) else [format_wire(schedule, element_size=element_size)]
+    return [*wire,
         f"cost of one all-reduce of {format_bytes(nbytes)} per rank, α-β model "
         f"(α = {format_seconds(alpha)} per step, β = {format_seconds(beta)} per byte):",
         f"  steps        {cost_model.count_steps(schedule)}",
         f"  bytes sent   {per_rank}"
         + (f"  (busiest rank: {max(sent) / nbytes:.2f} x the buffer)" if nbytes else "")
+        + (f"  ({WIRE_BYTES[wire_of(schedule.options)] / element_size:.2f}x that on the wire)" if wire else "")
         + ("  (as if chunks were even)" if uneven else ""),
         f"  time         {format_seconds(stepped)} stepping through the schedule"
         + (f", {format_seconds(closed)} by the closed-form formula" if closed is not None else ""),
     ]
+
+
+def format_wire(schedule: Schedule, *, element_size: int) -> str:
+    """What the transfers carry when the schedule's wire dtype is narrower than the buffer."""
+    wire = wire_of(schedule.options)
+    return (
+        f"{wire} on the wire: every chunk travels as {wire} ({WIRE_BYTES[wire]} bytes per element, "
+        f"{WIRE_BYTES[wire] / element_size:.2f}x the bytes of {element_size}-byte elements); each rank adds a "
+        f"received partial sum in the buffer's dtype and sends it rounded to {wire} once, and the rank that "
+        f"completes a chunk rounds it too, so every rank ends with the same {wire} values"
+    )
 
 
 def format_ring_order(schedule: Schedule) -> str:

@@ -12,7 +12,9 @@ In each launch, working in ``DIR``:
 2. the same seeded training runs without a hook, with the hook's ``native`` (DDP's own
    all-reduce through the hook: the very same numbers) and with ``ring``; each run reports
    its losses, what DDP itself names as its communication hook, and how far its final
-   parameters are from the run without a hook;
+   parameters are from the run without a hook; transformers and Fabric also run the ring on
+   bf16 with error feedback (``ring_bf16``: the options reach the hook through the framework's
+   own door), with a digest of the parameters to compare across ranks;
 3. what is special to the framework: errors, a second ``train()``, checkpoints, compile.
 
 Every rank writes ``DIR/{framework}_rank{r}.json``; the test makes the assertions.
@@ -36,6 +38,10 @@ sys.path.insert(0, str(ROOT))  # the repository, when not installed
 
 RECIPES = ROOT / "train_examples" / "recipes"
 ALGORITHMS = ("none", "native", "ring")
+#: The run on a narrower wire: the ring's options, as a user passes them to the framework's door.
+WIRE_RUN, WIRE_OPTIONS = "ring_bf16", {"wire_dtype": "bf16", "error_feedback": True}
+#: Every run: (name, algorithm, options); the ring last (later checks continue its trainer).
+RUNS = (("none", "none", {}), ("native", "native", {}), (WIRE_RUN, "ring", WIRE_OPTIONS), ("ring", "ring", {}))
 #: The torch.compile backend of the compiled Accelerate runs (see docs/frameworks.md, "torch.compile").
 COMPILE_BACKEND = os.environ.get("FRAMEWORK_CHECKS_COMPILE_BACKEND", "aot_eager")
 
@@ -59,6 +65,17 @@ def max_difference(parameters: list[torch.Tensor], reference: list[torch.Tensor]
 
 def snapshot(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
+
+
+def wire_facts(state) -> dict:
+    """What the hook state made of the wire options, and a digest of the parameters (ranks compare)."""
+    return {"wire": state.algorithm_options.get("wire_dtype"), "error_feedback": state._feedback is not None}
+
+
+def parameters_digest(parameters: list[torch.Tensor]) -> str:
+    import hashlib
+
+    return hashlib.sha256(b"".join(p.contiguous().view(torch.uint8).numpy().tobytes() for p in parameters)).hexdigest()
 
 
 def caught_messages(caught) -> list[str]:
@@ -110,24 +127,26 @@ def transformers_checks(out: Path) -> dict:
 
     results: dict = {"runs": {}}
     reference = None
-    for algorithm in ALGORITHMS:
-        trainer = trainer_for(algorithm)
+    for run, algorithm, options in RUNS:
+        trainer = trainer_for(run)
         callback = None
         if algorithm != "none":
-            callback = RingHookCallback(trainer, algorithm=algorithm, print_summary=False)
+            callback = RingHookCallback(trainer, algorithm=algorithm, print_summary=False, **options)
             trainer.add_callback(callback)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             trainer.train()
         parameters = snapshot(trainer.model)
         reference = reference or parameters
-        results["runs"][algorithm] = {
+        results["runs"][run] = {
             "losses": list(trainer.losses),
             "comm_hook": comm_hook_of(trainer.model_wrapped),
             "max_parameter_difference": max_difference(parameters, reference),
             "global_step": trainer.state.global_step,
             "hook_iteration": callback.hook_state.iteration if callback else None,
             "warnings": caught_messages(caught),
+            **(wire_facts(callback.hook_state) if callback else {}),
+            "digest": parameters_digest(parameters),
         }
     # A second train() keeps the DDP model and its hook: nothing registers twice, the hook
     # still averages (the same parameters as a second train() without a hook), untimed.
@@ -291,12 +310,12 @@ def fabric_checks(out: Path) -> dict:
 
     results: dict = {"runs": {}}
     reference = None
-    for algorithm in ALGORITHMS:
+    for run, algorithm, options in RUNS:
         if algorithm == "none":
             strategy = DDPStrategy(bucket_cap_mb=bucket_cap_mb)
         else:
-            log_dir = str(out / "runs" / f"fabric_{algorithm}")
-            strategy = RingDDPFabricStrategy(algorithm=algorithm, log_dir=log_dir, bucket_cap_mb=bucket_cap_mb)
+            log_dir = str(out / "runs" / f"fabric_{run}")
+            strategy = RingDDPFabricStrategy(algorithm=algorithm, log_dir=log_dir, bucket_cap_mb=bucket_cap_mb, **options)
         fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
         fabric.launch()
         torch.manual_seed(0)
@@ -315,12 +334,14 @@ def fabric_checks(out: Path) -> dict:
         parameters = snapshot(model)
         reference = reference or parameters
         state = getattr(fabric.strategy, "hook_state", None)
-        results["runs"][algorithm] = {
+        results["runs"][run] = {
             "losses": losses,
             "comm_hook": comm_hook_of(model),
             "max_parameter_difference": max_difference(parameters, reference),
             "hook_iteration": state.iteration if state else None,
             "bucket_cap_bytes": find_ddp(model).bucket_bytes_cap,
+            **(wire_facts(state) if state else {}),
+            "digest": parameters_digest(parameters),
         }
         if state is not None:
             state.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,6 +125,23 @@ def test_without_root_the_lab_refuses_with_the_reason(capsys):
         if dropped:
             os.seteuid(0)
     assert "the emulated lab needs root" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and util-linux's setpriv")
+def test_a_root_without_cap_net_admin_is_refused_with_the_reason_and_leaves_nothing():
+    """A default container's root: ``ip netns list`` works, making a link does not. The probe
+    tries and says so (the lab tests then skip with it), instead of erroring half-way."""
+    before = existing_namespaces()
+    probed = subprocess.run(
+        ["setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin", sys.executable, "-c",
+         "from ddp_ring_hooks.lab import unavailable_reason; print(unavailable_reason())"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert probed.returncode == 0, probed.stderr
+    reason = probed.stdout.strip()
+    assert reason.startswith("this machine cannot make an emulated lab: `ip ") and "CAP_NET_ADMIN" in reason, reason
+    assert "Operation not permitted" in reason, reason
+    assert existing_namespaces() == before  # the probe's namespace went too
 
 
 def test_the_command_line_refuses_what_it_cannot_do(capsys):

@@ -103,18 +103,11 @@ def within_summation_bound(result, inputs, dtype, world_size) -> float:
 
 
 def imports_torch(module: str) -> bool:
-    """Whether importing ``module`` (a subpackage of ``ddp_ring_hooks``) loads torch, checked in a
-    fresh interpreter. The package's ``__init__`` imports torch itself, so the subpackage is
-    loaded under an empty stand-in for the package."""
-    code = (
-        "import importlib, importlib.util, sys, types\n"
-        "spec = importlib.util.find_spec('ddp_ring_hooks')\n"
-        "pkg = types.ModuleType('ddp_ring_hooks'); pkg.__path__ = spec.submodule_search_locations\n"
-        "sys.modules['ddp_ring_hooks'] = pkg\n"
-        f"importlib.import_module({module!r})\n"
-        "print('torch' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    """Whether importing ``module`` (``ddp_ring_hooks`` or a part of it) loads torch, checked in a
+    fresh interpreter (the package's own ``__init__`` imports its public names on first use)."""
+    code = f"import importlib, sys; importlib.import_module({module!r}); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         env=checkout_environment())
     return out.stdout.strip() == "True"
 
 

@@ -142,8 +142,9 @@ def native_and_ring_in_one_backward(rank: int, device: torch.device) -> dict:
 # -- the main job, once per session --------------------------------------------------------------
 
 #: A short run of the main job: tiny model, k = 1 and 2, STEPS measured steps (and at least
-#: MIN_MICRO_BATCHES micro-batches) after WARMUP_STEPS per fit.
+#: MIN_MICRO_BATCHES micro-batches) after WARMUP_STEPS per fit, MICRO_BATCH sequences per rank.
 MAIN_JOB_ACCUMULATE, MAIN_JOB_STEPS, MAIN_JOB_WARMUP_STEPS, MAIN_JOB_MIN_MICRO_BATCHES = (1, 2), 3, 1, 6
+MAIN_JOB_MICRO_BATCH = 2
 
 
 def main_job_command(output, *extra: str) -> list[str]:
@@ -153,7 +154,7 @@ def main_job_command(output, *extra: str) -> list[str]:
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(sweep),
         "--accumulate", ",".join(map(str, MAIN_JOB_ACCUMULATE)), "--steps", str(MAIN_JOB_STEPS),
         "--warmup-steps", str(MAIN_JOB_WARMUP_STEPS), "--min-micro-batches", str(MAIN_JOB_MIN_MICRO_BATCHES),
-        "--warmup-fit-steps", "1", "--micro-batch", "2", "--seq-len", "16", "--width", "32", "--layers", "2",
+        "--warmup-fit-steps", "1", "--micro-batch", str(MAIN_JOB_MICRO_BATCH), "--seq-len", "16", "--width", "32", "--layers", "2",
         "--heads", "2", "--bucket-cap-mb", "0.02", "--accelerator", "cpu", "--output-dir", str(output), *extra,
     ]
 

@@ -4,7 +4,7 @@
   shows the command; bad input is refused with the fix before any lab is made.
 - With root (skipped elsewhere, with the reason): one run of the command on a lab of 3 hosts
   (p = 2 and 3; 2 and 8 MiB, 4x apart so that one noisy point cannot swing the α-β fit;
-  400 Mbit/s; one round), shared by the assertions: every all-reduce correct; naive grows with p as the corrected formula says, the ring far less;
+  400 Mbit/s; three rounds, each point their median), shared by the assertions: every all-reduce correct; naive grows with p as the corrected formula says, the ring far less;
   nothing beats the link; β fitted per algorithm and p close to the link's 1/B; the JSON file
   holds what was printed; no namespace is left behind.
 

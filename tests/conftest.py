@@ -3,14 +3,20 @@
 Spawned ranks import what they run by module name, so everything here is module-level and
 importable as ``tests.conftest``. Nothing here fakes the thing under test: the model is a
 real ``nn.Module``, inputs are seeded random tensors, digests are SHA-256 of the bytes.
+
+The ``fast`` marker (``python -m pytest -m fast``, the inner loop) is kept honest here: a test
+marked ``fast`` that starts a process (ranks, torchrun, a subprocess, a lab, a browser) fails,
+naming what it started (:func:`pytest_runtest_setup`, :func:`pytest_runtest_call`).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
 import json
+import multiprocessing.process
 import os
 import select
 import signal
@@ -25,6 +31,57 @@ from ddp_ring_hooks.schedules import algorithm_examples
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+# -- the fast marker: a fast test starts no process ---------------------------------------------
+
+#: Every way a test starts a process: subprocess (and asyncio's subprocesses, Playwright's browser),
+#: multiprocessing (spawned ranks), and the os calls underneath the rest.
+_PROCESS_STARTS = (
+    (subprocess.Popen, "_execute_child"), (multiprocessing.process.BaseProcess, "start"),
+    (os, "fork"), (os, "posix_spawn"), (os, "posix_spawnp"), (os, "system"),
+)
+
+
+class StartedAProcess(AssertionError):
+    """A test marked ``fast`` started a process."""
+
+
+@contextlib.contextmanager
+def _no_process_starts(nodeid: str):
+    """While a fast test runs (its fixtures included), starting a process raises."""
+    def refuse(name):
+        def refused(*args, **kwargs):
+            raise StartedAProcess(f"{nodeid} is marked fast but started a process ({name}); a fast test starts "
+                                  "no process: drop its @pytest.mark.fast, or test the rule without ranks")
+        return refused
+
+    saved = [(owner, name, getattr(owner, name)) for owner, name in _PROCESS_STARTS if hasattr(owner, name)]
+    for owner, name, _ in saved:
+        setattr(owner, name, refuse(f"{getattr(owner, '__name__', owner)}.{name}"))
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+def _guarded(item):
+    return _no_process_starts(item.nodeid) if item.get_closest_marker("fast") else contextlib.nullcontext()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _guarded(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _guarded(item):
+        yield
+# Not at teardown: the last test of a module or session also finalizes the fixtures it shared
+# with others (a lab removed with `ip`), whatever its own mark.
 
 
 @pytest.fixture(scope="session")

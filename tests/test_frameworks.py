@@ -235,6 +235,7 @@ def test_lightning_trainer_recipe_logs_comm_tags_next_to_the_loss(fabric_run):
 # -- the docs print the recipes these launches run ------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_docs_print_every_recipe_verbatim():
     page = (ROOT / "docs" / "frameworks.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)

@@ -50,6 +50,7 @@ def transfer_ratio(lab: EmulatedCluster, source: int, destination: int, rate: st
 # -- without root -------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_rates_read_as_bits_per_second_and_print_back():
     assert parse_rate("400Mbit") == 400_000_000 and parse_rate("1Gbit/s") == 10**9 and parse_rate("2.5gbit") == 2_500_000_000
     assert [format_rate(parse_rate(text)) for text in ("400Mbit", "1Gbit", "2.5Gbit", "64Kbit")] == [
@@ -60,6 +61,7 @@ def test_rates_read_as_bits_per_second_and_print_back():
         parse_rate("400")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("shape, message", [
     ({"hosts": 2}, "needs link=RATE"),
     ({"hosts": 0, "link": "1Gbit"}, "hosts must be"),
@@ -75,6 +77,7 @@ def test_a_bad_shape_is_refused_with_the_fix(shape, message):
         EmulatedCluster(**shape)
 
 
+@pytest.mark.fast
 def test_names_addresses_and_placement_follow_the_slot():
     flat = Plan(slot=7, spec=lab_spec(hosts=12, link="400Mbit", slow={3: "100Mbit"}))
     assert flat.name == "drh7" and flat.subnet == "10.107.0.0/24"
@@ -98,6 +101,7 @@ def test_the_lab_never_imports_torch():
     assert not imports_torch("ddp_ring_hooks.lab")
 
 
+@pytest.mark.fast
 def test_the_command_line_keeps_the_command_whole():
     parser = build_parser()
     args = parser.parse_args(["lab", "torchrun", "--hosts", "2", "--link=1Gbit", "--slow", "1:100Mbit",
@@ -108,6 +112,7 @@ def test_the_command_line_keeps_the_command_whole():
     assert args.timeout == 30 and args.hosts is None and args.command == ["--hosts", "x"]
 
 
+@pytest.mark.fast
 def test_without_root_the_lab_refuses_with_the_reason(capsys):
     # As root, drop to an unprivileged effective user for the check (the check reads it). The
     # command line is parsed first, as root: finding the commands lists the package's folder,
@@ -144,6 +149,7 @@ def test_a_root_without_cap_net_admin_is_refused_with_the_reason_and_leaves_noth
     assert existing_namespaces() == before  # the probe's namespace went too
 
 
+@pytest.mark.fast
 def test_the_command_line_refuses_what_it_cannot_do(capsys):
     assert cli_main(["lab", "run", "--link", "1Gbit", "--", "true"]) == 2
     assert "give --hosts too" in capsys.readouterr().err

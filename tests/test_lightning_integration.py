@@ -229,6 +229,7 @@ def test_a_second_fit_of_the_same_trainer_logs_its_comm_timing(ranks):
     assert {e.value for e in events.Scalars("comm/ranks/straggler_rank")} <= {0.0, 1.0}
 
 
+@pytest.mark.fast
 def test_bad_arguments_get_errors_that_name_the_fix():
     import lightning.pytorch as pl
 

@@ -61,6 +61,7 @@ def _record(rank: int, *, now: float = 100.0, age: float = 0.1, peer: int | None
                       **{**described, **fields})
 
 
+@pytest.mark.fast
 def test_the_chain_of_waits_ends_at_the_silent_rank():
     me = _record(0, peer=2)
     others = {1: _record(1, peer=0), 2: _record(2, reducing=False, age=12.0)}
@@ -74,6 +75,7 @@ def test_the_chain_of_waits_ends_at_the_silent_rank():
     assert diagnose(others[1], {0: me, 2: others[2]}, world_size=3, now=100.0).chain == (1, 0, 2)
 
 
+@pytest.mark.fast
 def test_a_live_rank_that_never_comes_to_the_all_reduce_is_named_and_a_cycle_is_a_deadlock():
     busy = _record(2, reducing=False, doing="forward", since=70.0)  # reports, but stays in its forward
     finding = diagnose(_record(0, peer=2), {1: _record(1, peer=0), 2: busy}, world_size=3, now=100.0)
@@ -82,6 +84,7 @@ def test_a_live_rank_that_never_comes_to_the_all_reduce_is_named_and_a_cycle_is_
     assert cycle.stalled == () and cycle.text.endswith("ranks 0, 1 wait for each other in a cycle: a deadlock, not a stalled rank")
 
 
+@pytest.mark.fast
 def test_a_wait_without_a_peer_blames_whoever_is_not_in_it_and_a_silent_store_is_said():
     native = dict(algorithm="native", phase="all-reduce")
     me = _record(0, **native)
@@ -98,6 +101,7 @@ def test_a_wait_without_a_peer_blames_whoever_is_not_in_it_and_a_silent_store_is
     assert "rank 2 has not reported:" in stale.text + ":" and stale.stalled == (2,)
 
 
+@pytest.mark.fast
 def test_a_record_survives_its_json():
     record = _record(1, peer=0)
     assert RankRecord.from_json(record.to_json()) == record
@@ -106,6 +110,7 @@ def test_a_record_survives_its_json():
 # -- the options -----------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_the_options_are_checked_where_they_are_built():
     from ddp_ring_hooks import HookState
     from ddp_ring_hooks.telemetry import TelemetryOptions

@@ -239,6 +239,7 @@ def _records(module, by_round: dict[int, list[float]]):
                                   tokens_per_sample=64, warmup_steps=1) for k in ks]
 
 
+@pytest.mark.fast
 def test_two_disagreeing_rounds_are_flagged_not_averaged(sweep_module):
     # The first run on a fresh clone: k=1 measured 45 and 87 samples/s in its two rounds.
     records = _records(sweep_module, {1: [45.0, 87.0], 8: [80.0, 118.0]})
@@ -249,6 +250,7 @@ def test_two_disagreeing_rounds_are_flagged_not_averaged(sweep_module):
     assert "WARNING: NOISY" in table and "do not agree" in table
 
 
+@pytest.mark.fast
 def test_an_uncertain_order_is_named(sweep_module):
     records = _records(sweep_module, {1: [80.0, 82.0, 81.0], 4: [120.0, 130.0, 125.0], 8: [125.0, 126.0, 124.0]})
     warnings = sweep_module.agreement_warnings(records, tolerance=0.10)
@@ -256,6 +258,7 @@ def test_an_uncertain_order_is_named(sweep_module):
     assert not [w for w in warnings if "k=4 vs k=1" in w or "k=8 vs k=1" in w]
 
 
+@pytest.mark.fast
 def test_rounds_that_agree_raise_no_warning(sweep_module):
     records = _records(sweep_module, {1: [80.0, 90.0, 85.0], 2: [100.0, 112.0, 106.0], 8: [110.0, 124.0, 117.0]})
     assert sweep_module.agreement_warnings(records, tolerance=0.10) == []

@@ -58,15 +58,10 @@ from .runtime.names import AUTO, NATIVE, accepted_algorithms
 from .runtime.wire import bucket_bytes, wire_dtype_for
 from .schedules import ALGORITHMS
 from .telemetry.records import all_reduce_bus_factor, bandwidths_GBps
-from .units import format_size, parse_size  # noqa: F401 - re-exported: bench.parse_size
+from .units import ELEMENT_TYPES, format_size, parse_size  # noqa: F401 - re-exported: bench.parse_size
 
 #: Element types by the names nccl-tests' ``-d`` takes (and torch's own names).
-DTYPES: dict[str, torch.dtype] = {
-    "float": torch.float32, "float32": torch.float32,
-    "double": torch.float64, "float64": torch.float64,
-    "half": torch.float16, "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, dtype) for name, dtype in ELEMENT_TYPES.items()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,30 +16,41 @@ it returns every rank's value, re-raises a rank's exception with that rank's tra
 (:class:`RankFailed`), and kills every rank when they do not finish in time (a deadlock fails
 fast instead of hanging).
 
-Ranks start from multiprocessing's *fork server* (:func:`rank_context`), which imports torch
-once: a rank then costs a fork, not a fresh interpreter importing torch (about 2.5 s of CPU
-each, most of a small test's time), and, unlike a plain ``fork`` of the caller, nothing of the
-caller's threads, OpenMP pool or CUDA context comes along. Each rank takes the caller's
-environment and standard output and error as they are at the start (as a spawned process
-would), not the fork server's: :func:`rank_process_kwargs`.
+Ranks start from a *fork server* (:func:`rank_context`) that imported torch once:
+
+1. The first rank started in a process starts the server: a fresh interpreter that imports
+   torch and this package, then waits. It is this module's own server, not multiprocessing's
+   shared one, so the preload list a user gave ``multiprocessing.set_forkserver_preload`` for
+   their DataLoaders is neither changed nor served by it (:class:`_RankPopen`).
+2. Each rank is a fork of that server: a fork, not a fresh interpreter importing torch (about
+   2.5 s of CPU each, most of a small test's time), and, unlike a plain ``fork`` of the caller,
+   nothing of the caller's threads, OpenMP pool or CUDA context comes along.
+3. The rank takes the caller's environment and standard output and error as they are now (as
+   a spawned process would), not the server's (:func:`rank_process_kwargs`), with
+   ``LOCAL_RANK`` set to its rank, as torchrun sets it: on NCCL rank ``i`` uses ``cuda:i``.
+4. :func:`started_ranks` starts them all and kills every one already started when a later
+   start fails, when the caller stops waiting, or when a rank fails: none is left running.
+
+Importing this module does not import torch (the command line asks ``under_torchrun``
+before it knows whether any rank will run); the functions that need it import it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
+import io
 import os
 import pickle
 import queue as queue_module
 import tempfile
 import time
 import traceback
-from multiprocessing import reduction
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from multiprocessing import context as mp_context
+from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any
-
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 
 def under_torchrun() -> bool:
@@ -49,6 +60,9 @@ def under_torchrun() -> bool:
 
 def default_backend() -> str:
     """``nccl`` when this process can use a GPU under torchrun, else ``gloo``."""
+    import torch
+    import torch.distributed as dist
+
     return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
 
 
@@ -75,11 +89,10 @@ def run_on_ranks(
 
 
 def _as_torchrun_would(rank: int, world_size: int, fn, args) -> Any:
-    # torchrun's default for several ranks per machine: one thread each (spawn_ranks sets it),
-    # and LOCAL_WORLD_SIZE / LOCAL_RANK / GROUP_RANK (one node), which some options read, as
-    # torchrun sets them.
+    # torchrun's default for several ranks per machine: one thread each and LOCAL_RANK
+    # (spawn_ranks sets both), and LOCAL_WORLD_SIZE / GROUP_RANK (one node), which some options
+    # read, as torchrun sets them.
     os.environ.setdefault("LOCAL_WORLD_SIZE", str(world_size))
-    os.environ.setdefault("LOCAL_RANK", str(rank))
     os.environ.setdefault("GROUP_RANK", "0")
     return fn(*args)
 
@@ -105,28 +118,10 @@ def spawn_ranks(
     raises ``TimeoutError``. ``pg_timeout`` is the process group's own timeout (default
     ``timeout``, or 600 s). ``fn`` must be a module-level function (ranks import it by name).
     """
-    context = rank_context()
-    results: queue_module.Queue = context.Queue()
-    with tempfile.TemporaryDirectory(prefix="ddp_ring_hooks_") as directory:
-        store = os.path.join(directory, "store")
-        processes = [
-            context.Process(
-                target=_rank_main,
-                args=(fn, rank, world_size, store, pg_timeout or timeout or 600.0, results, args, backend),
-                kwargs=rank_process_kwargs(),
-                daemon=True,
-            )
-            for rank in range(world_size)
-        ]
-        for process in processes:
-            process.start()
-        try:
-            collected = _collect(results, processes, timeout)
-        finally:
-            for process in processes:
-                if process.is_alive():
-                    process.kill()
-                process.join(5)
+    with started_ranks(fn, world_size, args, pg_timeout=pg_timeout or timeout or 600.0, backend=backend) as (
+        processes, results,
+    ):
+        collected = _collect(results, processes, timeout)
     failures = [f"rank {rank} failed:\n{text}" for rank, (ok, text) in sorted(collected.items()) if not ok]
     if failures:
         raise RankFailed("\n".join(failures))
@@ -162,17 +157,97 @@ def _collect(results, processes, timeout: float | None) -> dict[int, tuple[bool,
     return collected
 
 
+@contextlib.contextmanager
+def started_ranks(
+    fn: Callable[..., Any], world_size: int, args: tuple = (), *, pg_timeout: float, backend: str = "gloo",
+) -> Iterator[tuple[list, Any]]:
+    """Start ``world_size`` ranks running ``fn(rank, world_size, *args)`` in a process group
+    (timeout ``pg_timeout`` seconds) that meets through a file store in a temporary directory;
+    yield the processes, by rank, and the queue each reports ``(rank, ok, pickled value or
+    traceback)`` to. On leaving, every rank still running is killed: also those started before
+    a later start failed (its error is raised), and all of them when the caller raises."""
+    context = rank_context()
+    results = context.Queue()
+    processes: list = []
+    with tempfile.TemporaryDirectory(prefix="ddp_ring_hooks_") as directory:
+        store = os.path.join(directory, "store")
+        try:
+            for rank in range(world_size):
+                process = context.Process(
+                    target=_rank_main, args=(fn, rank, world_size, store, pg_timeout, results, args, backend),
+                    kwargs=rank_process_kwargs(), daemon=True,
+                )
+                process.start()
+                processes.append(process)
+            yield processes, results
+        finally:
+            for process in processes:
+                if process.is_alive():
+                    process.kill()
+                process.join(5)
+
+
 # What the fork server imports before it forks any rank: what every rank imports anyway.
 _FORK_SERVER_PRELOAD = ("torch", "torch.distributed", "ddp_ring_hooks")
 
 
-def rank_context():
-    """The multiprocessing context local ranks start from: the fork server, with torch and this
-    package imported (see the module docstring). Start a rank with :func:`_rank_main` and
-    ``kwargs=rank_process_kwargs()``."""
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(list(_FORK_SERVER_PRELOAD))
-    return context
+@functools.cache
+def _rank_fork_server() -> forkserver.ForkServer:
+    """This module's fork server (one per process, started with the first rank), apart from
+    multiprocessing's shared one, whose preload list belongs to the user."""
+    server = forkserver.ForkServer()
+    server.set_forkserver_preload(list(_FORK_SERVER_PRELOAD))
+    return server
+
+
+class _RankPopen(popen_forkserver.Popen):
+    """Starts a process from :func:`_rank_fork_server` rather than multiprocessing's shared
+    server. The body is ``popen_forkserver.Popen._launch`` (the same from Python 3.10 to 3.13),
+    which names the shared server's ``connect_to_new_process``; this names this module's."""
+
+    def _launch(self, process_obj) -> None:
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        buf = io.BytesIO()
+        mp_context.set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            mp_context.set_spawning_popen(None)
+        self.sentinel, w = _rank_fork_server().connect_to_new_process(self._fds)
+        # As the standard library does: a duplicate of the data pipe's write end tells the
+        # child that its parent is alive.
+        _parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class _RankProcess(mp_context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj):
+        return _RankPopen(process_obj)
+
+
+class _RankContext(mp_context.ForkServerContext):
+    """multiprocessing's forkserver context, its processes started from this module's server."""
+
+    Process = _RankProcess
+
+    def set_forkserver_preload(self, module_names) -> None:  # the shared server's: not ours to change
+        raise TypeError("the ranks' fork server preloads torch and ddp_ring_hooks; its list is fixed")
+
+
+_RANK_CONTEXT = _RankContext()
+
+
+def rank_context() -> _RankContext:
+    """The multiprocessing context local ranks start from: a fork server with torch and this
+    package imported (see the module docstring). Its ``Queue()`` and ``Process`` work as
+    multiprocessing's; start a rank with :func:`_rank_main` and ``kwargs=rank_process_kwargs()``,
+    or all of them with :func:`started_ranks`."""
+    return _RANK_CONTEXT
 
 
 def rank_process_kwargs() -> dict:
@@ -204,9 +279,15 @@ def _rank_main(
     environment: dict[str, str] | None = None, streams: tuple = (),
 ) -> None:
     # ``streams`` did their work when they were unpickled (_attach_stream).
+    import torch
+    import torch.distributed as dist
+
     if environment is not None:  # the caller's, not the fork server's (started earlier)
         os.environ.clear()
         os.environ.update(environment)
+    # Per rank, as torchrun sets it (a caller's own LOCAL_RANK, under torchrun, is not this
+    # rank's): on NCCL it picks the rank's GPU (_run_in_group).
+    os.environ["LOCAL_RANK"] = str(rank)
     torch.set_num_threads(1)
     try:
         store = dist.FileStore(store_path, world_size)
@@ -222,6 +303,9 @@ def _rank_main(
 
 
 def _run_in_group(fn, args, backend: str, timeout_s: float, *, init_kwargs: dict) -> Any:
+    import torch
+    import torch.distributed as dist
+
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **init_kwargs)

@@ -14,6 +14,16 @@ import re
 #: The sentence each command's --help shows for its size arguments.
 SIZE_HELP = "Sizes are bytes with binary suffixes: K, KB, KiB = 1024; M, MB, MiB = 1024^2; G, GB, GiB = 1024^3."
 
+#: Element types by the names nccl-tests' ``-d`` takes (and torch's own names), each with the
+#: name of its ``torch`` dtype: ``bench.DTYPES`` maps them to dtypes, and the command line lists
+#: them without importing torch.
+ELEMENT_TYPES = {
+    "float": "float32", "float32": "float32",
+    "double": "float64", "float64": "float64",
+    "half": "float16", "float16": "float16",
+    "bfloat16": "bfloat16",
+}
+
 _PREFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:I?B)?\s*")
 

@@ -3,14 +3,20 @@
 Spawned ranks import what they run by module name, so everything here is module-level and
 importable as ``tests.conftest``. Nothing here fakes the thing under test: the model is a
 real ``nn.Module``, inputs are seeded random tensors, digests are SHA-256 of the bytes.
+
+The ``fast`` marker (``python -m pytest -m fast``, the inner loop) is kept honest here: a test
+marked ``fast`` that starts a process (ranks, torchrun, a subprocess, a lab, a browser) fails,
+naming what it started (:func:`pytest_runtest_setup`, :func:`pytest_runtest_call`).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
 import json
+import multiprocessing.process
 import os
 import select
 import signal
@@ -25,6 +31,57 @@ from ddp_ring_hooks.schedules import algorithm_examples
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+# -- the fast marker: a fast test starts no process ---------------------------------------------
+
+#: Every way a test starts a process: subprocess (and asyncio's subprocesses, Playwright's browser),
+#: multiprocessing (spawned ranks), and the os calls underneath the rest.
+_PROCESS_STARTS = (
+    (subprocess.Popen, "_execute_child"), (multiprocessing.process.BaseProcess, "start"),
+    (os, "fork"), (os, "posix_spawn"), (os, "posix_spawnp"), (os, "system"),
+)
+
+
+class StartedAProcess(AssertionError):
+    """A test marked ``fast`` started a process."""
+
+
+@contextlib.contextmanager
+def _no_process_starts(nodeid: str):
+    """While a fast test runs (its fixtures included), starting a process raises."""
+    def refuse(name):
+        def refused(*args, **kwargs):
+            raise StartedAProcess(f"{nodeid} is marked fast but started a process ({name}); a fast test starts "
+                                  "no process: drop its @pytest.mark.fast, or test the rule without ranks")
+        return refused
+
+    saved = [(owner, name, getattr(owner, name)) for owner, name in _PROCESS_STARTS if hasattr(owner, name)]
+    for owner, name, _ in saved:
+        setattr(owner, name, refuse(f"{getattr(owner, '__name__', owner)}.{name}"))
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+def _guarded(item):
+    return _no_process_starts(item.nodeid) if item.get_closest_marker("fast") else contextlib.nullcontext()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _guarded(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _guarded(item):
+        yield
+# Not at teardown: the last test of a module or session also finalizes the fixtures it shared
+# with others (a lab removed with `ip`), whatever its own mark.
 
 
 @pytest.fixture(scope="session")
@@ -103,18 +160,11 @@ def within_summation_bound(result, inputs, dtype, world_size) -> float:
 
 
 def imports_torch(module: str) -> bool:
-    """Whether importing ``module`` (a subpackage of ``ddp_ring_hooks``) loads torch, checked in a
-    fresh interpreter. The package's ``__init__`` imports torch itself, so the subpackage is
-    loaded under an empty stand-in for the package."""
-    code = (
-        "import importlib, importlib.util, sys, types\n"
-        "spec = importlib.util.find_spec('ddp_ring_hooks')\n"
-        "pkg = types.ModuleType('ddp_ring_hooks'); pkg.__path__ = spec.submodule_search_locations\n"
-        "sys.modules['ddp_ring_hooks'] = pkg\n"
-        f"importlib.import_module({module!r})\n"
-        "print('torch' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    """Whether importing ``module`` (``ddp_ring_hooks`` or a part of it) loads torch, checked in a
+    fresh interpreter (the package's own ``__init__`` imports its public names on first use)."""
+    code = f"import importlib, sys; importlib.import_module({module!r}); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         env=checkout_environment())
     return out.stdout.strip() == "True"
 
 
@@ -149,8 +199,9 @@ def native_and_ring_in_one_backward(rank: int, device: torch.device) -> dict:
 # -- the main job, once per session --------------------------------------------------------------
 
 #: A short run of the main job: tiny model, k = 1 and 2, STEPS measured steps (and at least
-#: MIN_MICRO_BATCHES micro-batches) after WARMUP_STEPS per fit.
+#: MIN_MICRO_BATCHES micro-batches) after WARMUP_STEPS per fit, MICRO_BATCH sequences per rank.
 MAIN_JOB_ACCUMULATE, MAIN_JOB_STEPS, MAIN_JOB_WARMUP_STEPS, MAIN_JOB_MIN_MICRO_BATCHES = (1, 2), 3, 1, 6
+MAIN_JOB_MICRO_BATCH = 2
 
 
 def main_job_command(output, *extra: str) -> list[str]:
@@ -160,7 +211,7 @@ def main_job_command(output, *extra: str) -> list[str]:
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(sweep),
         "--accumulate", ",".join(map(str, MAIN_JOB_ACCUMULATE)), "--steps", str(MAIN_JOB_STEPS),
         "--warmup-steps", str(MAIN_JOB_WARMUP_STEPS), "--min-micro-batches", str(MAIN_JOB_MIN_MICRO_BATCHES),
-        "--warmup-fit-steps", "1", "--micro-batch", "2", "--seq-len", "16", "--width", "32", "--layers", "2",
+        "--warmup-fit-steps", "1", "--micro-batch", str(MAIN_JOB_MICRO_BATCH), "--seq-len", "16", "--width", "32", "--layers", "2",
         "--heads", "2", "--bucket-cap-mb", "0.02", "--accelerator", "cpu", "--output-dir", str(output), *extra,
     ]
 

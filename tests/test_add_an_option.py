@@ -29,6 +29,8 @@ from ddp_ring_hooks.schedules import (
 )
 from ddp_ring_hooks.viz.text import format_seconds
 
+pytestmark = pytest.mark.fast  # no test here starts a process
+
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "ddp_ring_hooks"
 
 

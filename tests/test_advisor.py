@@ -73,6 +73,7 @@ def timeline(*, ready, lanes=1, k=1, forward=10.0, backward=20.0, optimizer=1.0,
 # -- closed cases of the simulation ----------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_nothing_to_overlap_exposes_every_bucket():
     """Buckets ready only when backward ends, one lane: all communication is exposed, on the
     run's network and on a given one."""
@@ -87,6 +88,7 @@ def test_nothing_to_overlap_exposes_every_bucket():
     assert prediction.step_ms == pytest.approx(10 + 20 + 1 + 2 + expected)
 
 
+@pytest.mark.fast
 def test_everything_hidden_leaves_only_the_last_bucket():
     """Early buckets finish behind backward; the last one is ready when backward ends, so its
     all-reduce is all that is exposed, whatever the number of lanes."""
@@ -98,6 +100,7 @@ def test_everything_hidden_leaves_only_the_last_bucket():
         assert prediction.comm_ms == pytest.approx(ring_ms(MIB) + ring_ms(3 * MIB))
 
 
+@pytest.mark.fast
 def test_accumulation_scales_compute_not_communication():
     """k micro-batches cost k clean micro-batches plus one step's rest, exposed communication
     and optimizer: speedup(k) = k T / (k clean + rest + exposed + optimizer)."""
@@ -113,6 +116,7 @@ def test_accumulation_scales_compute_not_communication():
         assert model.speedup(setting) == pytest.approx(k * p.step_ms / step)
 
 
+@pytest.mark.fast
 def test_contention_is_measured_from_a_no_sync_micro_batch_and_priced_once_per_step():
     """With k=2 the synchronizing micro-batch is slower than a no_sync one by the contention of
     its hidden communication; at k=1 the step is that micro-batch again."""
@@ -126,6 +130,7 @@ def test_contention_is_measured_from_a_no_sync_micro_batch_and_priced_once_per_s
     assert model.predict(run_setting(p)).step_ms == pytest.approx(p.step_ms)  # the run itself, exactly
 
 
+@pytest.mark.fast
 def test_contention_at_k1_is_the_other_threads_cpu_when_cores_are_short():
     """At k=1 the contention is the other threads' CPU time during backward, when the ranks'
     compute threads leave no core to the communication lanes (2 cores, 2 ranks), none with many."""
@@ -133,6 +138,7 @@ def test_contention_at_k1_is_the_other_threads_cpu_when_cores_are_short():
     assert profile_run(timeline(ready=[2.0, 20.0], other_cpu=4.0, cpu_count=64)).contention_ms == 0.0
 
 
+@pytest.mark.fast
 def test_lanes_queue_buckets_in_order():
     one = run_lanes([0.0, 0.0, 0.0], [4.0, 4.0, 4.0], lanes=1, backward_ms=1.0)
     two = run_lanes([0.0, 0.0, 0.0], [4.0, 4.0, 4.0], lanes=2, backward_ms=1.0)
@@ -140,6 +146,7 @@ def test_lanes_queue_buckets_in_order():
     assert two.ends == (4.0, 4.0, 8.0) and two.comm_ms == 8.0 and two.hidden_ms == 1.0
 
 
+@pytest.mark.fast
 def test_ready_curve_interpolates_between_hand_overs():
     curve = ReadyCurve.from_buckets([10.0, 30.0], [100, 300])
     assert curve.time_at(50) == 5.0 and curve.time_at(250) == 20.0 and curve.time_at(400) == 30.0
@@ -149,6 +156,7 @@ def test_ready_curve_interpolates_between_hand_overs():
 # -- DDP's bucketing rules -------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_bucket_limits_follow_ddp():
     assert bucket_limits(bucket_cap_mb=None) == (MIB, 25 * MIB)
     assert bucket_limits(bucket_cap_mb=5) == (5 * MIB,)
@@ -157,6 +165,7 @@ def test_bucket_limits_follow_ddp():
         bucket_limits(bucket_cap_mb=0)
 
 
+@pytest.mark.fast
 def test_assign_buckets_closes_at_the_limit_and_keeps_dtypes_apart():
     assert assign_buckets([600, 600, 3000, 10], [1000, 2000]) == [[0, 1], [2], [3]]
     assert assign_buckets([6, 6, 6], [5, 100], dtypes=["float32", "float16", "float32"]) == [[0], [1], [2]]
@@ -199,6 +208,7 @@ def test_bucket_repacking_matches_a_real_ddp_model(widths, cap):
     assert seen == predicted
 
 
+@pytest.mark.fast
 def test_network_from_bench_records_fits_each_algorithm():
     records = [
         {"algorithm": algorithm, "world_size": 4, "nbytes": n, "time_us": 1e6 * t(n)}
@@ -211,6 +221,7 @@ def test_network_from_bench_records_fits_each_algorithm():
     assert network.calibration("tree") == network.calibration("ring")
 
 
+@pytest.mark.fast
 def test_advice_has_the_stable_shape_and_names_the_change():
     advice = advise(timeline(ready=[20.0, 20.0]))
     assert set(advice["run"]) == {"world_size", "algorithm", "accumulate", "bucket_cap_mb", "steps", "step_ms",
@@ -225,6 +236,7 @@ def test_advice_has_the_stable_shape_and_names_the_change():
     assert rec["knob"] == "accumulate" and rec["value"] == 8 and "effective batch grows 8x" in rec["why"]
 
 
+@pytest.mark.fast
 def test_the_table_marks_the_runs_own_rows_and_explains_the_explicit_cap_of_its_size():
     default_cap = advise(timeline(ready=[20.0, 20.0]))  # DDP's default: 1 MiB first bucket, then 25 MiB
     own = {(r["knob"], r["value"]) for r in default_cap["what_if"] if r["this_run"]}
@@ -241,6 +253,7 @@ def test_the_table_marks_the_runs_own_rows_and_explains_the_explicit_cap_of_its_
     assert "  25 (this run) " in format_advice(explicit) and "given explicitly" not in format_advice(explicit)
 
 
+@pytest.mark.fast
 def test_too_few_steps_and_gpu_timelines_are_clear_errors():
     with pytest.raises(ValueError, match="at least 2"):
         advise(timeline(ready=[20.0, 20.0], steps=1))
@@ -314,6 +327,7 @@ def test_two_ranks_then_advise_json_reads_the_log_dir(tmp_path):
     assert bad.returncode == 2 and "no timeline.jsonl" in bad.stderr
 
 
+@pytest.mark.fast
 def test_contention_grows_with_what_the_busiest_rank_sends():
     """Ring and tree at 2 ranks each send the buffer once per rank (tree's formula counts it
     twice on the critical path); naive's master sends it to every peer."""
@@ -375,6 +389,7 @@ def test_lightning_prints_the_advice_at_the_end_of_fit_on_rank_0(tmp_path):
     assert profile.rest_ms > -0.1 * profile.step_ms and profile.optimizer_ms < profile.forward_ms + profile.backward_ms
 
 
+@pytest.mark.fast
 def test_advise_cli_reads_a_network_profile_and_rejects_bad_input(tmp_path, capsys):
     """--network takes `bench --json` records; a faster network shrinks the predicted exposed
     time; wrong files and half-given networks are clear errors naming the fix."""
@@ -400,6 +415,7 @@ def test_advise_cli_reads_a_network_profile_and_rejects_bad_input(tmp_path, caps
     assert "--latency and --bandwidth go together" in capsys.readouterr().err
 
 
+@pytest.mark.fast
 def test_advise_on_a_directory_of_runs_lists_them_and_advises_on_the_first(tmp_path, capsys):
     """The main job's version_N holds one run per k and round: all listed, the first advised on."""
     from ddp_ring_hooks.cli.__main__ import main
@@ -421,6 +437,7 @@ def test_advise_on_a_directory_of_runs_lists_them_and_advises_on_the_first(tmp_p
     assert "accumulate 10" in out and "10 (this run)" in out and not err
 
 
+@pytest.mark.fast
 def test_a_torn_last_timeline_line_is_skipped_and_an_auto_run_gets_advice(tmp_path):
     """A run still writing (or killed mid-line) leaves a partial last line: the steps before it
     stand. A run with algorithm="auto" is priced as the ring, and gets its tables."""
@@ -438,6 +455,7 @@ def test_a_torn_last_timeline_line_is_skipped_and_an_auto_run_gets_advice(tmp_pa
         read_timeline(path)
 
 
+@pytest.mark.fast
 def test_timeline_records_round_trip_and_old_or_foreign_files_are_read_or_refused(tmp_path):
     """Every record survives ``to_json``/``from_json``; a file written before records carried a
     version (the same fields, as plain JSON) reads the same; a newer version, a line missing a
@@ -473,6 +491,7 @@ def test_timeline_records_round_trip_and_old_or_foreign_files_are_read_or_refuse
         read_timeline(path)
 
 
+@pytest.mark.fast
 def test_contention_counts_what_the_busiest_rank_sends_for_every_algorithm():
     from ddp_ring_hooks.advisor.network import bytes_factor
 
@@ -481,6 +500,7 @@ def test_contention_counts_what_the_busiest_rank_sends_for_every_algorithm():
 
 
 
+@pytest.mark.fast
 def test_a_hierarchical_run_is_advised_with_its_own_node_size_wherever_its_log_is_read(monkeypatch):
     """The advisor resolves each algorithm's options as the run did (its LOCAL_WORLD_SIZE, recorded
     in the timeline), not from the shell that reads the log: that shell often has none, and then a
@@ -518,6 +538,7 @@ def accuracy_benchmark():
     return advisor_accuracy
 
 
+@pytest.mark.fast
 def test_the_accuracy_benchmark_ends_with_a_verdict_per_model_and_target():
     advisor_accuracy = accuracy_benchmark()
     assert advisor_accuracy.verdict_lines({"mlp": [0.047, 0.01, 0.285], "char-lm": [0.02, 0.03, 0.09]}) == [
@@ -528,6 +549,7 @@ def test_the_accuracy_benchmark_ends_with_a_verdict_per_model_and_target():
     ]
 
 
+@pytest.mark.fast
 def test_the_accuracy_benchmark_on_the_lab_measures_world_sizes_and_refuses_bad_input(capsys):
     advisor_accuracy = accuracy_benchmark()
     args = advisor_accuracy.parse_args(["--lab"])
@@ -547,6 +569,7 @@ def test_the_accuracy_benchmark_on_the_lab_measures_world_sizes_and_refuses_bad_
         assert message in capsys.readouterr().err
 
 
+@pytest.mark.fast
 def test_a_ring_order_reaches_the_advisor_as_any_option_does():
     """The ring's ``ring_order`` is priced like every registry option: on one tier of links every
     order of the ring costs the same (two tiers: ``cost_model.two_tier``)."""
@@ -561,6 +584,7 @@ def test_a_ring_order_reaches_the_advisor_as_any_option_does():
         model.predict(replace(here, algorithm_options=(("ring_order", (1, 1)),)))
 
 
+@pytest.mark.fast
 def test_a_ring_across_misplaced_nodes_is_named_with_the_order_that_fixes_it_and_its_predicted_gain():
     """The timeline records the ranks' nodes and the ring's order; the advice says what the order
     costs, priced with the run's own fit (its β already holds the run's crossings)."""
@@ -586,6 +610,7 @@ def test_a_ring_across_misplaced_nodes_is_named_with_the_order_that_fixes_it_and
     assert TimelineRun.from_json(misplaced.to_json()) == misplaced
 
 
+@pytest.mark.fast
 def test_a_two_tier_network_prices_the_what_ifs_with_the_uplink_shared_by_a_nodes_ranks():
     from ddp_ring_hooks.advisor import from_two_tier
     from ddp_ring_hooks.cost_model import TwoTier

@@ -70,6 +70,7 @@ def test_all_reduce_on_subgroups_and_non_contiguous_tensors():
     assert [r[1] for r in results] == [11.0 * 4, 11.0 * 6, 11.0 * 4, 11.0 * 6]
 
 
+@pytest.mark.fast
 def test_unknown_algorithm_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown algorithm 'rign' \\(did you mean 'ring'\\?\\); choose one of ring"):
         ddp_ring_hooks.HookState(algorithm="rign")

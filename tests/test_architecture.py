@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast  # no test here starts a process
+
 PACKAGE = Path(__file__).resolve().parents[1] / "ddp_ring_hooks"
 
 #: Layer -> the layers of ours it may import (besides itself). Modules at the top of the

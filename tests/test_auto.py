@@ -26,6 +26,7 @@ SIZES = [0, 4, 1000, 4096, 65_536, 1 << 20, 25 << 20, 1 << 30]
 CANDIDATES = ("ring", "tree")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("world_size", [2, 3, 4, 6, 8, 64])
 def test_choice_is_the_least_predicted_time(world_size):
     selector = AutoSelector(LINKS, world_size)
@@ -36,17 +37,20 @@ def test_choice_is_the_least_predicted_time(world_size):
         assert options == selector.options.get(algorithm, {})
 
 
+@pytest.mark.fast
 def test_small_buckets_avoid_the_ring_and_large_ones_on_odd_worlds_use_it():
     selector = AutoSelector(LINKS, 6)  # not a power of two: halving-doubling pays its fold
     assert selector.choose(256)[0] != "ring"
     assert selector.choose(1 << 30)[0] == "ring"
 
 
+@pytest.mark.fast
 def test_ties_go_to_the_first_algorithm_listed():
     # On 2 ranks ring and halving-doubling have the same formula.
     assert AutoSelector(LINKS, 2).choose(1 << 20)[0] == "ring"
 
 
+@pytest.mark.fast
 def test_per_algorithm_calibration_is_used():
     calibrations = {a: LINKS for a in default_candidates(4)}
     calibrations["naive"] = Calibration(alpha=1e-6, beta=1e-12)  # a machine where naive is cheap
@@ -56,6 +60,7 @@ def test_per_algorithm_calibration_is_used():
         AutoSelector(calibrations, 4)
 
 
+@pytest.mark.fast
 def test_hierarchical_is_a_candidate_only_across_several_multi_rank_nodes(monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert "hierarchical" not in default_candidates(8)
@@ -66,11 +71,13 @@ def test_hierarchical_is_a_candidate_only_across_several_multi_rank_nodes(monkey
     assert selector.options["hierarchical"]["local_size"] == 2
 
 
+@pytest.mark.fast
 def test_bad_candidates_are_named():
     with pytest.raises(ValueError, match=r"auto: candidates=\('ring', 'butterfly'\) must be some of ring, "):
         AutoSelector(LINKS, 4, candidates=("ring", "butterfly"))
 
 
+@pytest.mark.fast
 def test_candidate_options_are_the_registrys_and_each_reaches_the_candidates_that_take_it(monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     selector = AutoSelector(LINKS, 8, segments=3, local_size=4, ring_order=[0, 2, 4, 6, 1, 3, 5, 7], wire_dtype="bf16")
@@ -98,6 +105,7 @@ def test_candidate_options_are_the_registrys_and_each_reaches_the_candidates_tha
 LAB = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=50e-6, local_beta=1 / 1e9, ranks_per_node=2)  # 400 Mbit/s uplinks
 
 
+@pytest.mark.fast
 def test_on_a_two_tier_network_auto_picks_hierarchical_where_it_is_faster_and_only_there():
     selector = AutoSelector(None, 4, network=LAB, local_size=2)
     for nbytes in (4096, 1 << 20, 4 << 20, 16 << 20):
@@ -121,6 +129,7 @@ def test_on_a_two_tier_network_auto_picks_hierarchical_where_it_is_faster_and_on
         AutoSelector(None, 4, network="lab")
 
 
+@pytest.mark.fast
 def test_hook_state_takes_autos_options_by_their_records():
     from ddp_ring_hooks.runtime.selection import AUTO_OPTIONS, auto_option_names
     from ddp_ring_hooks.schedules import options_by_name
@@ -130,6 +139,7 @@ def test_hook_state_takes_autos_options_by_their_records():
         ddp_ring_hooks.HookState(algorithm="auto", candidate=("ring",))
 
 
+@pytest.mark.fast
 def test_choices_are_logged_once_per_bucket_size(caplog):
     selector = AutoSelector(LINKS, 4)
     with caplog.at_level(logging.INFO, logger="ddp_ring_hooks.auto"):

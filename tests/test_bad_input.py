@@ -272,6 +272,7 @@ def test_layout_check_runs_for_the_first_steps_only(outcomes):
         assert rank_outcomes["layout checks per setting"]["value"] == {0: 0, 2: 4}
 
 
+@pytest.mark.fast
 def test_hook_without_process_group_says_to_initialize():
     if dist.is_initialized():
         pytest.skip("this process already has a default process group")

@@ -93,6 +93,7 @@ def test_bench_on_one_size_skips_the_fit_and_still_writes_its_files(tmp_path):
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.fast
 def test_bench_rejects_bad_arguments_before_starting_ranks(capsys):
     assert cli_main(["bench", "-b", "64M", "-e", "4K"]) == 2
     assert "swap -b and -e" in capsys.readouterr().err
@@ -109,6 +110,7 @@ def test_bench_rejects_bad_arguments_before_starting_ranks(capsys):
     assert "write bits per second like 100Mbit" in capsys.readouterr().err
 
 
+@pytest.mark.fast
 def test_bench_hands_each_algorithm_its_options_and_auto_all_of_them():
     from ddp_ring_hooks.cli.bench import options_per_algorithm
 
@@ -201,6 +203,7 @@ def test_slices_are_bit_identical_to_one_slice_and_across_ranks():
 # -- sizes and the table -----------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_sizes_read_and_sweep_like_nccl_tests():
     assert parse_size("4K") == 4 * 1024 and parse_size("64M") == 64 * 1024**2 and parse_size("1GiB") == 1024**3
     assert parse_size("4096") == 4096 and parse_size("8kb") == 8192
@@ -215,6 +218,7 @@ def test_sizes_read_and_sweep_like_nccl_tests():
         parse_size("4Q")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("segments", [1, 4])
 def test_model_errors_fit_each_algorithm_to_its_own_records(segments):
     from ddp_ring_hooks.bench import model_errors
@@ -236,6 +240,7 @@ def test_model_errors_fit_each_algorithm_to_its_own_records(segments):
         assert calibration.alpha == pytest.approx(alpha, rel=0.3) and calibration.beta == pytest.approx(beta, rel=0.1)
 
 
+@pytest.mark.fast
 def test_the_link_limit_is_what_each_rank_must_move_through_its_link():
     from ddp_ring_hooks.bench import with_link_limit
 
@@ -255,6 +260,7 @@ def test_the_link_limit_is_what_each_rank_must_move_through_its_link():
     assert limited.link_limit_us == pytest.approx(slow.link_limit_us / 2)
 
 
+@pytest.mark.fast
 def test_a_fit_reads_beta_against_the_links_own_when_the_link_is_known():
     from ddp_ring_hooks.bench import format_fit
     from ddp_ring_hooks.cost_model import Calibration
@@ -265,6 +271,7 @@ def test_a_fit_reads_beta_against_the_links_own_when_the_link_is_known():
     assert " = " not in format_fit("ring", Calibration(alpha=50e-6, beta=20.8e-9), 0.031)  # link unknown
 
 
+@pytest.mark.fast
 def test_table_and_ratios_follow_the_definitions():
     def record(algorithm, nbytes, time_us, p=4):
         algbw = nbytes / (time_us * 1e-6) / 1e9

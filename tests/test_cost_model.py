@@ -22,6 +22,8 @@ from ddp_ring_hooks.schedules import (
 )
 from tests.conftest import algorithm_cases
 
+pytestmark = pytest.mark.fast  # no test here starts a process
+
 N = 3.0e6  # bytes per rank
 
 

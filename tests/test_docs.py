@@ -183,11 +183,13 @@ def unknown_options(options: list[str], help_output: str) -> list[str]:
 COMMANDS = [command for path in DOCS for command in commands_in(path)]
 
 
+@pytest.mark.fast
 def test_the_docs_have_commands_in_every_way():
     assert {c.check for c in COMMANDS} == {"help", "run", "not run"}
     assert any(c.path.name == "README.md" for c in COMMANDS)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_command_is_in_a_shell_block(path):
     assert not unfenced_commands(path), (
@@ -231,6 +233,7 @@ def test_each_runnable_command_runs_as_printed(command, tmp_path):
 MINIMAL = ROOT / "train_examples" / "minimal.py"
 
 
+@pytest.mark.fast
 def test_the_readme_shows_minimal_py_verbatim():
     assert f"```python\n{MINIMAL.read_text()}```" in (ROOT / "README.md").read_text(), (
         "README.md's 'Use it in your DDP script' must show train_examples/minimal.py exactly as it is")
@@ -260,6 +263,7 @@ def test_minimal_py_trains_under_torchrun_and_advise_reads_what_it_wrote(tmp_pat
 # -- the checker catches drift ----------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_the_checker_reads_blocks_marks_and_transcripts(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(

@@ -29,12 +29,14 @@ def inner(parents) -> set[int]:
     return {parent for parent in parents if parent is not None}
 
 
+@pytest.mark.fast
 def test_the_first_tree_is_nccls_fourteen_rank_picture():
     # trees.cc:  0---8;  8: 4 12;  4: 2 6;  12: 10 13;  2: 1 3;  6: 5 7;  10: 9 11
     expected = {8: 0, 4: 8, 12: 8, 2: 4, 6: 4, 10: 12, 13: 12, 1: 2, 3: 2, 5: 6, 7: 6, 9: 10, 11: 10}
     assert binary_tree(14) == tuple(expected.get(rank) for rank in range(14))
 
 
+@pytest.mark.fast
 def test_the_second_tree_is_the_mirror_for_even_and_the_shift_for_odd_world_sizes():
     first, second = double_binary_trees(14)
     assert second == tuple(None if first[13 - r] is None else 13 - first[13 - r] for r in range(14))
@@ -44,6 +46,7 @@ def test_the_second_tree_is_the_mirror_for_even_and_the_shift_for_odd_world_size
     assert shifted[11] == 0 and shifted[2] == shifted[4] == 3 and shifted[12] == 11
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("world_size", range(2, 65))
 def test_each_rank_is_inner_in_one_tree_at_most_and_moves_at_most_half_a_buffer_per_tree(world_size):
     trees = double_binary_trees(world_size)
@@ -64,6 +67,7 @@ def test_each_rank_is_inner_in_one_tree_at_most_and_moves_at_most_half_a_buffer_
             assert sent <= 1 and received <= 1, (phase, rank, sent, received)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("segments", [1, 2, 5, 16])
 def test_it_is_an_all_reduce_with_one_segment_per_link_and_step(segments):
     for world_size in range(1, 34):
@@ -74,6 +78,7 @@ def test_it_is_an_all_reduce_with_one_segment_per_link_and_step(segments):
             assert step.transfers and len(links) == len(set(links)), (world_size, step)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("world_size", [2, 3, 4, 5, 7, 8, 9, 16, 17, 100, 128, 1000, 1024])
 @pytest.mark.parametrize("segments", [1, 3])
 def test_latency_grows_like_lg_p(world_size, segments):
@@ -87,6 +92,7 @@ def test_latency_grows_like_lg_p(world_size, segments):
     assert len(schedule.steps) <= 3 * levels + 2 * (segments - 1)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("world_size", [4, 6, 8, 13, 16, 32])
 def test_per_nic_its_bandwidth_is_within_p_over_p_minus_1_of_the_ring_and_the_binomial_trees_is_not(world_size):
     p = world_size
@@ -100,6 +106,7 @@ def test_per_nic_its_bandwidth_is_within_p_over_p_minus_1_of_the_ring_and_the_bi
     assert binomial / ring > 1.3 * p / (p - 1)  # its root's links share one NIC
 
 
+@pytest.mark.fast
 def test_segments_are_checked():
     with pytest.raises(ValueError, match="segments=0 must be an integer >= 1"):
         build_schedule("double_binary_tree", 4, segments=0)

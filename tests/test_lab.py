@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +51,7 @@ def transfer_ratio(lab: EmulatedCluster, source: int, destination: int, rate: st
 # -- without root -------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_rates_read_as_bits_per_second_and_print_back():
     assert parse_rate("400Mbit") == 400_000_000 and parse_rate("1Gbit/s") == 10**9 and parse_rate("2.5gbit") == 2_500_000_000
     assert [format_rate(parse_rate(text)) for text in ("400Mbit", "1Gbit", "2.5Gbit", "64Kbit")] == [
@@ -60,6 +62,7 @@ def test_rates_read_as_bits_per_second_and_print_back():
         parse_rate("400")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("shape, message", [
     ({"hosts": 2}, "needs link=RATE"),
     ({"hosts": 0, "link": "1Gbit"}, "hosts must be"),
@@ -75,6 +78,7 @@ def test_a_bad_shape_is_refused_with_the_fix(shape, message):
         EmulatedCluster(**shape)
 
 
+@pytest.mark.fast
 def test_names_addresses_and_placement_follow_the_slot():
     flat = Plan(slot=7, spec=lab_spec(hosts=12, link="400Mbit", slow={3: "100Mbit"}))
     assert flat.name == "drh7" and flat.subnet == "10.107.0.0/24"
@@ -98,6 +102,7 @@ def test_the_lab_never_imports_torch():
     assert not imports_torch("ddp_ring_hooks.lab")
 
 
+@pytest.mark.fast
 def test_the_command_line_keeps_the_command_whole():
     parser = build_parser()
     args = parser.parse_args(["lab", "torchrun", "--hosts", "2", "--link=1Gbit", "--slow", "1:100Mbit",
@@ -108,6 +113,7 @@ def test_the_command_line_keeps_the_command_whole():
     assert args.timeout == 30 and args.hosts is None and args.command == ["--hosts", "x"]
 
 
+@pytest.mark.fast
 def test_without_root_the_lab_refuses_with_the_reason(capsys):
     # As root, drop to an unprivileged effective user for the check (the check reads it). The
     # command line is parsed first, as root: finding the commands lists the package's folder,
@@ -127,6 +133,24 @@ def test_without_root_the_lab_refuses_with_the_reason(capsys):
     assert "the emulated lab needs root" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and util-linux's setpriv")
+def test_a_root_without_cap_net_admin_is_refused_with_the_reason_and_leaves_nothing():
+    """A default container's root: ``ip netns list`` works, making a link does not. The probe
+    tries and says so (the lab tests then skip with it), instead of erroring half-way."""
+    before = existing_namespaces()
+    probed = subprocess.run(
+        ["setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin", sys.executable, "-c",
+         "from ddp_ring_hooks.lab import unavailable_reason; print(unavailable_reason())"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert probed.returncode == 0, probed.stderr
+    reason = probed.stdout.strip()
+    assert reason.startswith("this machine cannot make an emulated lab: `ip ") and "CAP_NET_ADMIN" in reason, reason
+    assert "Operation not permitted" in reason, reason
+    assert existing_namespaces() == before  # the probe's namespace went too
+
+
+@pytest.mark.fast
 def test_the_command_line_refuses_what_it_cannot_do(capsys):
     assert cli_main(["lab", "run", "--link", "1Gbit", "--", "true"]) == 2
     assert "give --hosts too" in capsys.readouterr().err
@@ -164,14 +188,12 @@ def test_a_lab_comes_up_and_goes_down_leaving_nothing(lab_machine):
         assert not Path(f"/etc/netns/{gone.host_namespace(0)}").exists()
 
 
-# A process that makes a lab and waits; the lab package is loaded without the package's
-# __init__ (which imports torch), so it starts in a fraction of a second.
+# A process that makes a lab and waits until it is killed; the lab never imports torch, so it
+# starts in a fraction of a second.
 _OWNER = """
-import importlib, importlib.util, sys, time, types
-spec = importlib.util.find_spec('ddp_ring_hooks')
-package = types.ModuleType('ddp_ring_hooks'); package.__path__ = spec.submodule_search_locations
-sys.modules['ddp_ring_hooks'] = package
-lab = importlib.import_module('ddp_ring_hooks.lab').EmulatedCluster(hosts=2, link='1Gbit').up()
+import time
+from ddp_ring_hooks.lab import EmulatedCluster
+lab = EmulatedCluster(hosts=2, link='1Gbit').up()
 print(lab.name, flush=True)
 time.sleep(120)
 """

@@ -4,7 +4,7 @@
   shows the command; bad input is refused with the fix before any lab is made.
 - With root (skipped elsewhere, with the reason): one run of the command on a lab of 3 hosts
   (p = 2 and 3; 2 and 8 MiB, 4x apart so that one noisy point cannot swing the α-β fit;
-  400 Mbit/s; one round), shared by the assertions: every all-reduce correct; naive grows with p as the corrected formula says, the ring far less;
+  400 Mbit/s; three rounds, each point their median), shared by the assertions: every all-reduce correct; naive grows with p as the corrected formula says, the ring far less;
   nothing beats the link; β fitted per algorithm and p close to the link's 1/B; the JSON file
   holds what was printed; no namespace is left behind.
 
@@ -32,6 +32,7 @@ MiB = 1 << 20
 LINK = 400_000_000  # bit/s
 
 
+@pytest.mark.fast
 def test_the_formulas_give_the_seed_tables_numbers():
     # 16 MiB on 400 Mbit/s: n/B = 0.3355 s. Measured on the lab: naive 0.70 / 2.12 / 4.92 s.
     one_pass = 16 * MiB * 8 / LINK
@@ -42,6 +43,7 @@ def test_the_formulas_give_the_seed_tables_numbers():
     assert article_seconds("ring", 16 * MiB, 8, link_bits_per_s=LINK) == pytest.approx(7 / 8 * one_pass)
 
 
+@pytest.mark.fast
 def test_help_shows_the_command(capsys):
     with pytest.raises(SystemExit) as done:
         cli_main(["lab", "table", "--help"])
@@ -50,6 +52,7 @@ def test_help_shows_the_command(capsys):
     assert "ddp-ring-hooks lab table --world-sizes 2,4,8" in out and "--worker" not in out
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("arguments, message", [
     (["--world-sizes", "1,4"], "each at least 2"),
     (["--world-sizes", "2,2"], "different numbers of hosts"),

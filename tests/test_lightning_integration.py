@@ -282,6 +282,7 @@ def test_validation_and_checkpoint_writes_run_with_the_hook_paused(ranks):
             [("save_checkpoint", ())] if rank == 0 else []), result["pauses"]
 
 
+@pytest.mark.fast
 def test_bad_arguments_get_errors_that_name_the_fix():
     import lightning.pytorch as pl
 

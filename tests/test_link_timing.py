@@ -47,6 +47,7 @@ TRACE_WINDOW = (2, 4)
 # -- pure ------------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_a_transfer_is_timed_from_the_later_end_so_a_late_peer_is_waiting_not_the_link():
     # Receiver posted at 0 ms, the sender only at 50 ms (late for compute reasons); landed at 60.
     nbytes, busy, [span] = _time_link(1, 2, [(0.0, 60.0, 1000)], [50.0], offset=0.0)
@@ -56,6 +57,7 @@ def test_a_transfer_is_timed_from_the_later_end_so_a_late_peer_is_waiting_not_th
     assert _time_link(1, 2, [(50.0, 60.0, 1000)], [0.0], offset=0.0)[:2] == (1000, 10.0)
 
 
+@pytest.mark.fast
 def test_overlapping_transfers_count_once_and_spans_are_on_the_receivers_clock():
     # Two slices in flight: [0, 10] and [5, 20] overlap, [30, 35] stands alone; the receiver's
     # clock is 100 ms ahead of rank 0's; a transfer with a mark that never completed is left out.
@@ -65,6 +67,7 @@ def test_overlapping_transfers_count_once_and_spans_are_on_the_receivers_clock()
     assert [(s.start_ms, s.end_ms, s.nbytes, s.transfers) for s in spans] == [(100.0, 120.0, 300, 2), (130.0, 135.0, 300, 1)]
 
 
+@pytest.mark.fast
 def test_the_option_is_off_by_default_and_needs_steps_that_gather():
     assert TelemetryOptions().links is False
     assert TelemetryOptions(links=True, spread_every=4).links is True
@@ -74,6 +77,7 @@ def test_the_option_is_off_by_default_and_needs_steps_that_gather():
         TelemetryOptions(links="yes", spread_every=1)
 
 
+@pytest.mark.fast
 def test_the_trace_has_a_track_per_link_in_a_process_of_its_own():
     spans = (LinkSpan(1, 2, 10.0, 12.0, 2_000_000, 3, 0.5), LinkSpan(3, 2, 11.0, 15.0, 1_000_000, 1, 0.0))
     events = link_events([LinkTimes(step=4, links={}, spans=spans, verdict=None, summary="", rank=2)])

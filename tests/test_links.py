@@ -56,6 +56,7 @@ def named(verdict) -> tuple:
 # -- the pairing -----------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("p", range(0, 14))
 def test_rounds_meet_every_pair_once_in_disjoint_pairs(p):
     rounds = exchange_rounds(p)
@@ -73,6 +74,7 @@ def test_rounds_meet_every_pair_once_in_disjoint_pairs(p):
 # -- the rule on synthetic matrices ------------------------------------------------------------
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("p", (3, 4, 8))
 def test_equal_links_name_nothing(p, seed):
@@ -82,6 +84,7 @@ def test_equal_links_name_nothing(p, seed):
     assert verdict.summary_line().startswith("links: no slow link: median ")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("p, slow, factor", [(4, 2, 4), (3, 0, 4), (8, 5, 4), (4, 1, 2)])
 def test_a_slow_network_is_named_as_that_rank(p, slow, factor):
     verdict = judge_links(matrix(p, lambda s, d: 48.0 / factor if slow in (s, d) else 48.0), world_size=p)
@@ -93,6 +96,7 @@ def test_a_slow_network_is_named_as_that_rank(p, slow, factor):
     assert verdict.summary_line(per="steps").endswith(" MB/s (1 step)")
 
 
+@pytest.mark.fast
 def test_the_summary_line_reads_as_documented():
     bandwidths = {(s, d): (12.0 if 2 in (s, d) else 48.0) * MB for s in range(4) for d in range(4) if s != d}
     samples = [LinkSample(s, d, int(b), 1.0) for _ in range(12) for (s, d), b in bandwidths.items()]
@@ -100,6 +104,7 @@ def test_the_summary_line_reads_as_documented():
         "links: rank 2's network is slow: 12.0 MB/s in, 12.0 MB/s out, others 48.0 MB/s (12 steps)")
 
 
+@pytest.mark.fast
 def test_one_slow_link_pair_is_named_as_the_pair_and_one_direction_alone():
     verdict = judge_links(matrix(4, lambda s, d: 12.0 if {s, d} == {0, 1} else 48.0), world_size=4)
     assert named(verdict) == ([], [], [((0, 1), (1, 0))])
@@ -111,11 +116,13 @@ def test_one_slow_link_pair_is_named_as_the_pair_and_one_direction_alone():
         [], [], [((0, 1), (1, 0))])
 
 
+@pytest.mark.fast
 def test_a_rank_that_only_sends_slowly_is_its_links_out_not_its_network():
     verdict = judge_links(matrix(4, lambda s, d: 12.0 if s == 3 else 48.0), world_size=4)
     assert named(verdict) == ([], [], [((3, 0),), ((3, 1),), ((3, 2),)]) and verdict.slow_nic_rank == -1
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("nodes", [(0, 0, 1, 1), (0, 0, 0, 0, 1, 1, 1, 1), (0, 1, 0, 1), (0, 0, 1, 1, 2, 2)])
 def test_a_two_tier_network_names_nothing(nodes):
     p = len(nodes)
@@ -127,6 +134,7 @@ def test_a_two_tier_network_names_nothing(nodes):
     assert named(judge_links(matrix(p, two_tier(nodes)), world_size=p)) == ([], [], [])
 
 
+@pytest.mark.fast
 def test_a_two_tier_network_names_one_slow_link_between_nodes_as_the_pair():
     nodes = (0, 0, 1, 1)
     rate = two_tier(nodes)
@@ -135,6 +143,7 @@ def test_a_two_tier_network_names_one_slow_link_between_nodes_as_the_pair():
     assert "other links between nodes 1" in verdict.summary_line()
 
 
+@pytest.mark.fast
 def test_a_slow_host_link_inside_a_node_is_the_pair_when_the_uplink_hides_it_between_nodes():
     # The lab's case: host 0's own link at 200 Mbit/s, uplinks at 100: between nodes host 0
     # is as fast as its uplink allows; inside its node, 0→1 and 1→0 are slow.
@@ -144,6 +153,7 @@ def test_a_slow_host_link_inside_a_node_is_the_pair_when_the_uplink_hides_it_bet
     assert named(verdict) == ([], [], [((0, 1), (1, 0))]) and verdict.slow_links[0].tier == INSIDE
 
 
+@pytest.mark.fast
 def test_a_slow_network_on_two_tiers_is_named_between_nodes():
     nodes = (0, 0, 0, 1, 1, 1)
     rate = two_tier(nodes)
@@ -153,6 +163,7 @@ def test_a_slow_network_on_two_tiers_is_named_between_nodes():
     assert "rank 4's network is slow" in verdict.summary_line()
 
 
+@pytest.mark.fast
 def test_a_slow_uplink_among_three_nodes_is_named_as_the_node():
     nodes = (0, 0, 1, 1, 2, 2)
     rate = two_tier(nodes)
@@ -162,22 +173,26 @@ def test_a_slow_uplink_among_three_nodes_is_named_as_the_node():
     assert verdict.summary_line().startswith("links: node 2's uplink is slow (ranks 4, 5): ")
 
 
+@pytest.mark.fast
 def test_a_slow_uplink_between_two_nodes_cannot_be_told_from_the_design():
     nodes = (0, 0, 1, 1)
     verdict = judge_links(matrix(4, two_tier(nodes, between=3.0)), world_size=4, nodes=nodes)
     assert named(verdict) == ([], [], [])
 
 
+@pytest.mark.fast
 def test_two_ranks_have_nothing_to_compare_with():
     verdict = judge_links(matrix(2, lambda s, d: 48.0), world_size=2)
     assert verdict.judged == 0 and verdict.summary_line().startswith("links: nothing to compare with at 2 ranks: 0→1 ")
 
 
+@pytest.mark.fast
 def test_a_ring_sees_a_slow_network_on_its_few_links():
     ring = {(r, (r + 1) % 4): (12.0 if 2 in (r, (r + 1) % 4) else 48.0) * MB for r in range(4)}
     assert named(judge_links(ring, world_size=4)) == ([(2, "all")], [], [])
 
 
+@pytest.mark.fast
 def test_a_link_is_slow_only_when_most_of_its_recent_samples_are():
     def samples(slow_share: list[bool]) -> list[LinkSample]:
         steps = []
@@ -194,6 +209,7 @@ def test_a_link_is_slow_only_when_most_of_its_recent_samples_are():
     assert named(judge_samples(recovered, world_size=4, window=None)) == ([], [], [((0, 1),)])
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("bandwidths, options, message", [
     ({(0, 1): 1.0}, {"threshold": 1.5}, "between 0 and 1"),
     ({(0, 3): 1.0}, {}, "not a link between two of the 2 ranks"),
@@ -216,6 +232,7 @@ def measured(p: int = 3, nodes=(0, 0, 1)) -> LinkMatrix:
                       nodes_from="GROUP_RANK", hosts=("a", "b", "c"))
 
 
+@pytest.mark.fast
 def test_the_matrix_file_round_trips_and_says_what_it_holds(tmp_path):
     original = measured()
     path = tmp_path / "links.json"
@@ -230,6 +247,7 @@ def test_the_matrix_file_round_trips_and_says_what_it_holds(tmp_path):
     assert table.splitlines()[0].split() == ["from\\to", "0", "[n0]", "1", "[n0]", "2", "[n1]"]
 
 
+@pytest.mark.fast
 def test_a_file_that_is_not_a_link_matrix_of_this_version_is_refused(tmp_path):
     path = tmp_path / "links.json"
     path.write_text(json.dumps([{"algorithm": "ring"}]))
@@ -287,6 +305,7 @@ def _per_link(matrix: LinkMatrix) -> dict:
     return per_link
 
 
+@pytest.mark.fast
 def test_the_command_refuses_bad_arguments_before_starting_ranks(capsys):
     assert cli_main(["links", "--nproc", "1"]) == 2
     assert "--nproc must be at least 2" in capsys.readouterr().err

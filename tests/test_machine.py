@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ddp_ring_hooks.machine import MachineLoad, describe_load, load_record, oversubscription_warning, usable_cores
+
+pytestmark = pytest.mark.fast  # no test here starts a process
 
 
 def reading(load: float, *, steal: int = 0, busy_ticks: int = 0, cores: int = 2) -> MachineLoad:

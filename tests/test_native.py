@@ -130,6 +130,7 @@ def test_all_reduce_takes_native_and_auto_and_auto_can_leave_native_out():
     assert decided and all(" wins by " in line and "x over " in line for line in decided)
 
 
+@pytest.mark.fast
 def test_native_and_auto_are_known_names():
     from ddp_ring_hooks.runtime.names import check_algorithm_name
 
@@ -154,6 +155,7 @@ def test_which_backend_carries_which_device(backend, device, carried):
         check_device_backend(device, backend)
 
 
+@pytest.mark.fast
 def test_model_says_native_has_no_formula(capsys):
     from ddp_ring_hooks.cli.__main__ import main
 
@@ -164,6 +166,7 @@ def test_model_says_native_has_no_formula(capsys):
     assert "native: no formula" in out
 
 
+@pytest.mark.fast
 def test_a_worker_runs_its_start_hook_on_its_thread_and_fails_jobs_if_it_raises():
     # What a CUDA lane relies on: on_start sets the thread's device and stream before any job.
     import threading

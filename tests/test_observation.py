@@ -80,6 +80,7 @@ def test_a_telemetry_option_given_both_ways_is_refused_naming_it(trained):
         assert "telemetry option 'log_every' given twice" in refused["register"]
 
 
+@pytest.mark.fast
 def test_telemetry_options_are_one_definition_checked_once():
     from ddp_ring_hooks.telemetry import TELEMETRY_OPTIONS, Telemetry, TelemetryOptions
     from ddp_ring_hooks.telemetry.options import collect_telemetry_options
@@ -112,6 +113,7 @@ FORMAT_1_STATE = base64.b64decode(
 )
 
 
+@pytest.mark.fast
 def test_a_state_pickled_by_the_version_before_loads_into_one_observation():
     state = pickle.loads(FORMAT_1_STATE)
     assert (state.algorithm, state.algorithm_options, state.iteration, state.concurrent_buckets) == (
@@ -123,6 +125,7 @@ def test_a_state_pickled_by_the_version_before_loads_into_one_observation():
     assert not os.path.exists("runs/pickled")  # loading writes nothing
 
 
+@pytest.mark.fast
 def test_a_state_pickles_its_options_and_refuses_formats_it_cannot_read(tmp_path):
     from ddp_ring_hooks import HookState
     from ddp_ring_hooks.telemetry import MemorySink, TelemetryOptions

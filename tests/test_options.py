@@ -13,6 +13,8 @@ from ddp_ring_hooks.schedules import (
     ALGORITHMS, algorithm_names, build_schedule, formula_for, get_algorithm, resolve_options,
 )
 
+pytestmark = pytest.mark.fast  # no test here starts a process
+
 
 def test_a_typo_in_a_state_option_fails_at_construction_naming_the_right_one():
     with pytest.raises(TypeError) as caught:

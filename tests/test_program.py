@@ -15,6 +15,8 @@ from ddp_ring_hooks.runtime.program import Complete, Post, chunk_sizes, compile_
 from ddp_ring_hooks.schedules import ALGORITHMS, Op, checked_schedule
 from tests.conftest import algorithm_cases
 
+pytestmark = pytest.mark.fast  # no test here starts a process
+
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 7])
 @pytest.mark.parametrize("numel", [0, 1, 2, 6, 7, 100003])

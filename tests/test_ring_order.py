@@ -30,6 +30,7 @@ def successors(schedule) -> dict[int, int]:
     return {t.src: t.dst for t in schedule.steps[0].transfers}
 
 
+@pytest.mark.fast
 def test_a_permutation_is_the_order_the_ring_visits_the_ranks():
     schedule = build_schedule("ring", 4, ring_order=[0, 2, 1, 3])
     assert successors(schedule) == {0: 2, 2: 1, 1: 3, 3: 0}
@@ -39,12 +40,14 @@ def test_a_permutation_is_the_order_the_ring_visits_the_ranks():
     assert build_schedule("ring", 4, ring_order=(0, 1, 2, 3)).steps == build_schedule("ring", 4).steps
 
 
+@pytest.mark.fast
 def test_hosts_groups_the_ranks_by_node_in_node_order():
     schedule = build_schedule("ring", 6, ring_order="hosts", node_of=(1, 0, 1, 0, 2, 2))
     assert dict(schedule.options)["ring_order"] == (1, 3, 0, 2, 4, 5)
     assert successors(schedule) == {1: 3, 3: 0, 0: 2, 2: 4, 4: 5, 5: 1}
 
 
+@pytest.mark.fast
 def test_hosts_without_node_of_is_the_rank_order_under_torchrun_and_refused_elsewhere(monkeypatch):
     monkeypatch.setenv("GROUP_RANK", "1")
     assert build_schedule("ring", 4, ring_order="hosts").steps == build_schedule("ring", 4).steps
@@ -53,6 +56,7 @@ def test_hosts_without_node_of_is_the_rank_order_under_torchrun_and_refused_else
         build_schedule("ring", 4, ring_order="hosts")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("options, message", [
     ({"ring_order": "fastest"}, "ring_order='fastest' is not one of 'rank', 'hosts', 'measured' or a list of ranks"),
     ({"ring_order": "measured"}, r"'measured' is chosen on the process group, by a probe of its links.*best_ring\(\)"),
@@ -69,12 +73,14 @@ def test_bad_orders_are_refused_with_the_fix(options, message):
         build_schedule("ring", 4, **options)
 
 
+@pytest.mark.fast
 def test_bad_values_fail_when_the_state_is_built():
     with pytest.raises(ValueError, match="ring_order='fastest' is not one of"):
         HookState(algorithm="ring", ring_order="fastest")
     assert HookState(algorithm="ring", ring_order=[1, 0]).algorithm_options["ring_order"] == (1, 0)
 
 
+@pytest.mark.fast
 def test_the_lightning_strategy_takes_and_checks_the_order():
     pytest.importorskip("lightning")
     from ddp_ring_hooks.integrations.lightning import RingDDPStrategy
@@ -84,6 +90,7 @@ def test_the_lightning_strategy_takes_and_checks_the_order():
         RingDDPStrategy("ring", algorithm_options={"ring_order": [0, 0]})
 
 
+@pytest.mark.fast
 def test_hierarchical_with_hosts_makes_node_of_its_nodes():
     node_of = (0, 1, 2, 0, 1, 2)  # ranks placed across three nodes of two
     schedule = build_schedule("hierarchical", 6, local_size=2, ring_order="hosts", node_of=node_of)
@@ -95,6 +102,7 @@ def test_hierarchical_with_hosts_makes_node_of_its_nodes():
         build_schedule("hierarchical", 6, local_size=2, ring_order="hosts", node_of=(0, 0, 0, 1, 1, 1))
 
 
+@pytest.mark.fast
 def test_the_drawings_follow_the_order():
     ring = choose_layout(build_schedule("ring", 4, ring_order=(0, 2, 1, 3)))
     assert ring.links == ((0, 2), (2, 1), (1, 3), (3, 0))
@@ -104,6 +112,7 @@ def test_the_drawings_follow_the_order():
     assert nodes.groups == ((0, 3), (1, 4), (2, 5))
 
 
+@pytest.mark.fast
 def test_options_resolve_to_hashable_values_for_the_schedule_cache():
     assert resolve_options("ring", {"ring_order": [2, 1, 0]})["ring_order"] == (2, 1, 0)
     assert checked_schedule("ring", 3, ring_order=[2, 1, 0]) is checked_schedule("ring", 3, ring_order=(2, 1, 0))
@@ -117,6 +126,7 @@ def bandwidths(placement, *, inside=1e9, between=5e7, noise=0.05, seed=0):
              for d in range(p)] for s in range(p)]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("placement", [
     (0, 1, 0, 1), (0, 1, 0, 1, 0, 1), (0, 1, 2) * 3,  # exhaustive (p <= 9)
     tuple(r % 3 for r in range(12)), tuple(r % 4 for r in range(16)), (0, 1) * 10,  # greedy + 2-opt
@@ -131,6 +141,7 @@ def test_the_measured_order_crosses_between_nodes_once_per_node(placement):
     assert all(len({placement[r] for r in order[i:i + size]}) == 1 for i in range(0, len(order), size)), order
 
 
+@pytest.mark.fast
 def test_the_measured_order_avoids_a_slow_link_and_takes_what_it_must_of_a_slow_nic():
     flat = [[None if s == d else 5e7 for d in range(5)] for s in range(5)]
     flat[1][2] = flat[2][1] = 1e7  # one slow cable
@@ -142,6 +153,7 @@ def test_the_measured_order_avoids_a_slow_link_and_takes_what_it_must_of_a_slow_
         best_ring([[None, None, 1.0], [None, None, 1.0], [1.0, 1.0, None]])
 
 
+@pytest.mark.fast
 def test_the_group_settles_hosts_and_measured_and_nothing_else():
     assert group_needs({"ring_order": "measured"}) == NEEDS_LINKS
     assert group_needs({"ring_order": "hosts", "node_of": None}) == NEEDS_NODES
@@ -243,6 +255,7 @@ def test_bench_takes_the_order_as_a_flag_and_checks_it_before_starting_ranks(cap
     assert [(row[2], row[-1]) for row in rows] == [("ring", "0"), ("tree", "0")]  # ran, and no wrong values
 
 
+@pytest.mark.fast
 def test_explain_and_animate_take_the_order_as_flags_and_show_it(tmp_path, capsys):
     from ddp_ring_hooks.cli.__main__ import main
 

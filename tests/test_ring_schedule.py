@@ -19,6 +19,7 @@ from ddp_ring_hooks.schedules import (
 from tests.conftest import imports_torch
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("world_size", range(1, 65))
 def test_checker_accepts_ring(world_size):
     schedule = build_ring_schedule(world_size)
@@ -27,6 +28,7 @@ def test_checker_accepts_ring(world_size):
     assert schedule.num_chunks == world_size
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("world_size", [2, 3, 4, 7])
 def test_every_rank_sends_two_p_minus_one_chunks(world_size):
     schedule = build_ring_schedule(world_size)
@@ -36,6 +38,7 @@ def test_every_rank_sends_two_p_minus_one_chunks(world_size):
         assert all({s.peer for s in step.sends} == {(rank + 1) % world_size} for step in plan)
 
 
+@pytest.mark.fast
 def test_after_reduce_scatter_each_rank_owns_its_chunk_and_partials_elsewhere():
     """The article said one device holds the total and the others 0; that is wrong."""
     schedule = build_ring_schedule(4)
@@ -54,6 +57,7 @@ def _replace_step(schedule, index, step):
     return dataclasses.replace(schedule, steps=tuple(steps))
 
 
+@pytest.mark.fast
 def test_checker_rejects_a_missing_step():
     schedule = build_ring_schedule(4)
     broken = dataclasses.replace(schedule, steps=schedule.steps[:-1])
@@ -61,6 +65,7 @@ def test_checker_rejects_a_missing_step():
         check_all_reduce(broken)
 
 
+@pytest.mark.fast
 def test_checker_rejects_a_double_count():
     schedule = build_ring_schedule(3)
     first = schedule.steps[0]
@@ -69,6 +74,7 @@ def test_checker_rejects_a_double_count():
         check_all_reduce(broken)
 
 
+@pytest.mark.fast
 def test_checker_rejects_copy_turned_into_reduce():
     schedule = build_ring_schedule(3)
     gather = schedule.steps[2]
@@ -77,6 +83,7 @@ def test_checker_rejects_copy_turned_into_reduce():
         check_all_reduce(_replace_step(schedule, 2, reducing))
 
 
+@pytest.mark.fast
 def test_checker_rejects_different_summation_orders():
     """Two ranks each reduce the other's value: both hold x0+x1, but then sum chunk 0 of
     three ranks in different orders, so they would not be bit-identical."""
@@ -93,6 +100,7 @@ def test_checker_rejects_different_summation_orders():
         check_all_reduce(dataclasses.replace(ok, steps=skewed))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "transfer, message",
     [
@@ -108,6 +116,7 @@ def test_checker_rejects_malformed_transfers(transfer, message):
         check_all_reduce(broken)
 
 
+@pytest.mark.fast
 def test_checker_rejects_two_receives_into_one_chunk():
     schedule = build_ring_schedule(3)
     racy = Step("x", (Transfer(0, 2, 1, Op.REDUCE), Transfer(1, 2, 1, Op.REDUCE)))
@@ -116,6 +125,5 @@ def test_checker_rejects_two_receives_into_one_chunk():
 
 
 def test_schedules_import_no_torch():
-    # The package __init__ imports torch for the public API; the schedules themselves must not.
     assert not imports_torch("ddp_ring_hooks.schedules")
     assert imports_torch("ddp_ring_hooks.runtime")  # the check itself can say yes

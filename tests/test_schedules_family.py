@@ -23,6 +23,8 @@ from ddp_ring_hooks.schedules import (
     final_state,
 )
 
+pytestmark = pytest.mark.fast  # no test here starts a process
+
 WORLD_SIZES = range(1, 65)
 
 

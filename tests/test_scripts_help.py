@@ -21,6 +21,7 @@ SCRIPTS = sorted(
 )
 
 
+@pytest.mark.fast
 def test_the_scripts_are_found():
     assert {"advisor_accuracy.py", "gpu_check.py", "accumulation_sweep.py", "train_char_lm.py"} <= {p.name for p in SCRIPTS}
 

@@ -61,6 +61,7 @@ def _record(rank: int, *, now: float = 100.0, age: float = 0.1, peer: int | None
                       **{**described, **fields})
 
 
+@pytest.mark.fast
 def test_the_chain_of_waits_ends_at_the_silent_rank():
     me = _record(0, peer=2)
     others = {1: _record(1, peer=0), 2: _record(2, reducing=False, age=12.0)}
@@ -74,6 +75,7 @@ def test_the_chain_of_waits_ends_at_the_silent_rank():
     assert diagnose(others[1], {0: me, 2: others[2]}, world_size=3, now=100.0).chain == (1, 0, 2)
 
 
+@pytest.mark.fast
 def test_a_live_rank_that_never_comes_to_the_all_reduce_is_named_busy_and_a_cycle_is_not_a_stall():
     busy = _record(2, reducing=False, doing="forward", since=70.0)  # reports, but stays in its forward
     finding = diagnose(_record(0, peer=2), {1: _record(1, peer=0), 2: busy}, world_size=3, now=100.0)
@@ -86,6 +88,7 @@ def test_a_live_rank_that_never_comes_to_the_all_reduce_is_named_busy_and_a_cycl
     assert "ranks 0, 1 wait for each other in a cycle, each reporting: a transfer in flight" in cycle.text
 
 
+@pytest.mark.fast
 def test_a_wait_without_a_peer_blames_whoever_is_not_in_it_and_a_silent_store_is_said():
     native = dict(algorithm="native", phase="all-reduce")
     me = _record(0, **native)
@@ -102,6 +105,7 @@ def test_a_wait_without_a_peer_blames_whoever_is_not_in_it_and_a_silent_store_is
     assert "rank 2 has not reported:" in stale.text + ":" and stale.stalled == (2,)
 
 
+@pytest.mark.fast
 def test_a_record_survives_its_json():
     record = _record(1, peer=0)
     assert RankRecord.from_json(record.to_json()) == record
@@ -110,6 +114,7 @@ def test_a_record_survives_its_json():
 # -- the options -----------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_the_options_are_checked_where_they_are_built():
     from ddp_ring_hooks import HookState
     from ddp_ring_hooks.telemetry import TelemetryOptions
@@ -131,17 +136,26 @@ def test_the_options_are_checked_where_they_are_built():
 # -- real ranks: slow, frozen and thawed, frozen for good -------------------------------------
 
 
+#: The walk's buckets are cut into slices of this size (the executor's pipelining, as for a
+#: bucket of more than 4 MiB): a bucket is then dozens of transfers, not the ring's 4 steps.
+SLICE_BYTES = 512
+#: The slow rank's pause before each wait of one bucket: its dozens of waits add up to more
+#: than stall_after, while the others, who progress with each of its transfers, never wait
+#: more than about two pauses, an eighth of stall_after (was 0.8 s a step against 2 s).
+SLOW_PAUSE = STALL_AFTER / 16
+
+
 class _SlowSteps(ExecutionObserver):
     """An observer (on every rank, so the layout check agrees) that, on the slow rank while
-    ``active``, sleeps after each schedule step of one bucket: the bucket takes longer than
-    ``stall_after``, yet every wait of the others is shorter."""
+    ``active``, pauses before each wait of one bucket: the bucket takes longer than
+    ``stall_after``, yet every wait of the others is far shorter."""
 
     def __init__(self, *, slow: bool, seconds: float) -> None:
         self.slow = slow
         self.seconds = seconds
         self.active = False
 
-    def on_step(self, index, step, chunk_bytes):
+    def on_wait(self, index, num_steps, peer):
         if self.slow and self.active:
             time.sleep(self.seconds)
 
@@ -174,10 +188,13 @@ def _train_through_stalls(rank: int, world_size: int, directory: str) -> dict:
     warned_list = warned.__enter__()
     warnings.simplefilter("always")
 
+    from ddp_ring_hooks.runtime import executor
+
+    executor.SLICE_BYTES = SLICE_BYTES  # this rank's process only
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 32))
     model = DistributedDataParallel(net, bucket_cap_mb=0.004)  # a few buckets
-    slow = _SlowSteps(slow=rank == SLOW_RANK, seconds=0.4 * STALL_AFTER)
+    slow = _SlowSteps(slow=rank == SLOW_RANK, seconds=SLOW_PAUSE)
     state = ddp_ring_hooks.register(
         model, algorithm="ring", stall_after=STALL_AFTER, stall_timeout=STALL_TIMEOUT,
         log_dir=os.path.join(directory, "runs"), observers=(slow,),
@@ -466,7 +483,7 @@ def _gpu_rank_frozen(rank: int, world_size: int, directory: str) -> dict:
     waiter = threading.Thread(target=torch.cuda.synchronize, args=(device,), daemon=True)
     waiter.start()  # the GPU waits for the frozen rank; the watchdog watches its events meanwhile
     waiter.join(STALL_TIMEOUT + 10)
-    return {"heard": heard, "failure": str(state.observation.watchdog.failure)}
+    return {"heard": heard, "failure": str(state.observation.watchdog.failure), "waiter_ended": not waiter.is_alive()}
 
 
 @pytest.mark.gpu
@@ -490,3 +507,6 @@ def test_on_nccl_the_watchdog_queries_events_and_names_the_frozen_rank_through_t
     named = [at for at, message in outcome["heard"] if "rank 1 is stalled" in message]
     assert named and named[0] - frozen < STALL_AFTER + 5, outcome["heard"]
     assert "rank 1 is stalled" in outcome["failure"], outcome
+    # The abort reached the communicator the stuck kernels run on: the GPU, and the thread that
+    # waited for it, are free again (before NCCL's own 10-minute watchdog).
+    assert outcome["waiter_ended"], "torch.cuda.synchronize() still waits for the frozen rank after stall_timeout"

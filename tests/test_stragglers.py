@@ -187,6 +187,7 @@ def test_ping_pong_recovers_clock_offsets_across_hosts():
     assert all(result == results[0] for result in results)  # every rank knows every offset
 
 
+@pytest.mark.fast
 def test_arrivals_name_the_last_rank_and_the_others_wait():
     record = RankArrivals(step=3, first_ms=(0.0, 1.0, 30.0, 2.0), last_ms=(10.0, 12.0, 40.0, 11.0),
                           total_ms=(45.0, 44.0, 9.0, 44.5), offsets_ms=(0.0,) * 4)
@@ -196,6 +197,7 @@ def test_arrivals_name_the_last_rank_and_the_others_wait():
     assert record.arrival_spread_ms == 30.0
 
 
+@pytest.mark.fast
 def test_summary_line_names_a_consistent_straggler_only():
     def arrivals(step, last_rank, wait):
         last = [100.0] * 3
@@ -223,6 +225,7 @@ def test_summary_line_names_a_consistent_straggler_only():
     assert "no step" in StragglerTally().render()
 
 
+@pytest.mark.fast
 def test_trace_merge_shifts_each_rank_onto_rank0s_clock_and_refuses_strangers(tmp_path):
     from ddp_ring_hooks.telemetry.trace_merge import merge_trace_files
 

@@ -137,6 +137,7 @@ def test_tensorboard_tags_steps_bytes_and_busbw(trained):
     assert "custom_scalars__config__" in scalars["__tensors__"]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("intervals, busy", [
     ([], 0.0),
     ([(0.0, 2.0), (3.0, 4.0)], 3.0),  # one after another: the sum
@@ -211,6 +212,7 @@ def test_summary_lists_every_bucket_size(trained):
             assert 0 < p50 <= p90 <= worst
 
 
+@pytest.mark.fast
 def test_state_pickles_with_telemetry_options_and_no_threads(tmp_path):
     state = HookState(log_dir=str(tmp_path), log_every=5, trace_steps=3)
     clone = pickle.loads(pickle.dumps(state))
@@ -219,6 +221,7 @@ def test_state_pickles_with_telemetry_options_and_no_threads(tmp_path):
     assert not HookState().telemetry.enabled
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -235,6 +238,7 @@ def test_bad_options_name_the_problem(options, message):
         Telemetry(**options)
 
 
+@pytest.mark.fast
 def test_tensorboard_records_are_checksummed_in_c_with_the_same_bytes(tmp_path):
     """``use_fast_checksum`` swaps tensorboard's pure-Python CRC-32C for the ``crc32c`` C
     extension: the same masked checksum on any bytes, and files that tensorboard's reader

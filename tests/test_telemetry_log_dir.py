@@ -36,6 +36,7 @@ def test_an_unwritable_log_dir_fails_at_registration_naming_it(tmp_path):
     assert message.startswith(f"log_dir={log_dir!r} cannot be written"), message
 
 
+@pytest.mark.fast
 def test_a_writable_log_dir_is_created_when_the_state_is_built(tmp_path):
     from ddp_ring_hooks.telemetry import Telemetry
 
@@ -141,6 +142,7 @@ def test_each_data_parallel_group_writes_its_own_run_from_its_own_rank0(tmp_path
         read_timeline(tmp_path)  # what `ddp-ring-hooks advise LOG_DIR` says for the top directory
 
 
+@pytest.mark.fast
 def test_group_directory_names_tell_groups_apart():
     from ddp_ring_hooks.telemetry.options import group_dir_name
 

@@ -18,6 +18,8 @@ from ddp_ring_hooks.cost_model import (
 )
 from ddp_ring_hooks.schedules import build_schedule, schedule_nodes, schedule_order
 
+pytestmark = pytest.mark.fast  # no test here starts a process
+
 N = 3.0e6
 
 

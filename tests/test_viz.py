@@ -37,6 +37,7 @@ def schedule_for(algorithm: str, world_size: int) -> Schedule:
 CASES = [(algorithm, p) for algorithm in ALGORITHMS for p in WORLD_SIZES]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("algorithm", "world_size"), CASES)
 def test_in_memory_run_equals_the_sum(algorithm, world_size):
     schedule = schedule_for(algorithm, world_size)
@@ -51,6 +52,7 @@ def test_in_memory_run_equals_the_sum(algorithm, world_size):
     assert len(simulation.frames) == len(schedule.steps) + 2
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("algorithm", "world_size"), CASES)
 def test_explain_shows_every_step_and_the_full_sum_everywhere(algorithm, world_size):
     schedule = schedule_for(algorithm, world_size)
@@ -73,6 +75,7 @@ def test_explain_shows_every_step_and_the_full_sum_everywhere(algorithm, world_s
     assert f"every rank holds {total} in every element" in text
 
 
+@pytest.mark.fast
 def test_ring_reduce_scatter_leaves_one_complete_chunk_per_rank():
     """The article's claim ("one device has the total, the others 0") is what we correct."""
     p = 4
@@ -86,6 +89,7 @@ def test_ring_reduce_scatter_leaves_one_complete_chunk_per_rank():
     assert "rank 0: c0; rank 1: c1; rank 2: c2; rank 3: c3" in text
 
 
+@pytest.mark.fast
 def test_uneven_and_empty_chunks_follow_tensor_split():
     simulation = simulate(checked_schedule("ring", 4), elements=2)
     assert simulation.chunk_elements == (1, 1, 0, 0)
@@ -93,6 +97,7 @@ def test_uneven_and_empty_chunks_follow_tensor_split():
     assert "c2 empty" in text and "every rank holds 10 in every element" in text
 
 
+@pytest.mark.fast
 def test_bad_values_are_rejected_with_the_fix():
     with pytest.raises(ValueError, match="one per rank"):
         simulate(checked_schedule("ring", 3), values=[1, 2])
@@ -100,6 +105,7 @@ def test_bad_values_are_rejected_with_the_fix():
         simulate(checked_schedule("ring", 3), values=[[1], [2], [3]])
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("algorithm", "kind"),
     [("ring", "ring"), ("naive", "star"), ("tree", "tree"), ("double_binary_tree", "trees"), ("halving_doubling", "ring"),
@@ -116,6 +122,7 @@ def test_each_algorithm_gets_its_layout(algorithm, kind):
         assert len(set(layout.positions)) == p  # no two ranks drawn on top of each other
 
 
+@pytest.mark.fast
 def test_hierarchical_layout_reads_the_node_size_the_schedule_was_built_with(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # what torchrun sets; the builder reads it too
     schedule = checked_schedule("hierarchical", 6)
@@ -124,6 +131,7 @@ def test_hierarchical_layout_reads_the_node_size_the_schedule_was_built_with(mon
     assert layout.kind == "nodes" and layout == choose_layout(checked_schedule("hierarchical", 6, local_size=2))
 
 
+@pytest.mark.fast
 def test_tree_layout_puts_parents_above_their_children():
     schedule = checked_schedule("tree", 7)
     layout = choose_layout(schedule)
@@ -134,6 +142,7 @@ def test_tree_layout_puts_parents_above_their_children():
         assert any(t.src == child and t.dst == parent and t.op is Op.REDUCE for s in schedule.steps for t in s.transfers)
 
 
+@pytest.mark.fast
 def test_unknown_algorithms_fall_back_to_a_ring():
     schedule = Schedule("mystery", 2, 1, (Step("swap", (Transfer(0, 1, 0, Op.REDUCE),)), Step("back", (Transfer(1, 0, 0, Op.COPY),))))
     assert choose_layout(schedule).kind == "ring"
@@ -161,6 +170,7 @@ def test_animate_cli_writes_one_gif_frame_per_step_plus_first_and_last(tmp_path)
     assert len(set(frames)) == len(frames)
 
 
+@pytest.mark.fast
 def test_animate_html_embeds_every_frame_on_other_layouts(tmp_path):
     for algorithm, p in (("hierarchical", 4), ("tree", 5)):
         output = tmp_path / f"{algorithm}.html"
@@ -170,6 +180,7 @@ def test_animate_html_embeds_every_frame_on_other_layouts(tmp_path):
         assert embedded == len(schedule_for(algorithm, p).steps) + 2
 
 
+@pytest.mark.fast
 def test_cli_rejects_bad_arguments_with_the_fix(capsys):
     assert main(["animate", "--output", "ring.png"]) == 2
     assert ".gif" in capsys.readouterr().err
@@ -181,6 +192,7 @@ def test_cli_rejects_bad_arguments_with_the_fix(capsys):
     assert "--world-size" in capsys.readouterr().err
 
 
+@pytest.mark.fast
 def test_viz_reads_schedules_only():
     """The dependency rule: viz never imports hooks, runtime or torch (matplotlib only lazily)."""
     import ast

@@ -31,13 +31,16 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from .. import bench
 from ..cost_model import predict
 from ..lab import RATE_HELP, EmulatedCluster, LabError, format_rate, parse_rate
 from ..launch import run_on_ranks
-from ..units import format_size
+from ..units import format_size, parse_size
 from . import fail
+
+if TYPE_CHECKING:  # the library's bench imports torch: its functions import it when they run
+    from ..bench import BenchRecord
 
 ALGORITHMS = ("naive", "ring")
 DEFAULT_WORLD_SIZES, DEFAULT_SIZES = "2,4,8", "16M"
@@ -86,7 +89,9 @@ def run_table(args: argparse.Namespace) -> int:
             results = lab.run(worker, timeout=args.timeout)
     except LabError as error:
         return fail("lab table", str(error))
-    records = [bench.BenchRecord(**row) for row in json.loads(results[0].stdout.splitlines()[-1])]
+    from ..bench import BenchRecord
+
+    records = [BenchRecord(**row) for row in json.loads(results[0].stdout.splitlines()[-1])]
     rows = table_rows(records, link_bits_per_s=link)
     fits = fitted(records)
     print(format_seed_table(rows, link_bits_per_s=link, rounds=args.rounds))
@@ -112,7 +117,7 @@ def _checked(args: argparse.Namespace) -> tuple[list[int], list[int], int]:
         raise ValueError(f"--world-sizes takes numbers of hosts, e.g. 2,4,8; got {args.world_sizes!r}") from None
     if min(world_sizes) < 2 or len(set(world_sizes)) < len(world_sizes):
         raise ValueError(f"--world-sizes needs different numbers of hosts, each at least 2; got {args.world_sizes!r}")
-    sizes = sorted({bench.parse_size(size) for size in args.sizes.split(",")})
+    sizes = sorted({parse_size(size) for size in args.sizes.split(",")})
     if min(sizes) < 4:
         raise ValueError(f"--sizes must be at least one float (4 bytes); got {args.sizes!r}")
     if args.rounds < 1:
@@ -126,6 +131,8 @@ def _measure_on_rank(world_sizes: list[int], sizes: list[int], rounds: int, link
     """On every host: each world size's sweep on the first ``p`` ranks; rank 0 prints the
     records as one JSON line (the last line of its output)."""
     import torch.distributed as dist
+
+    from .. import bench
 
     records = []
     for p in world_sizes:
@@ -149,7 +156,7 @@ def article_seconds(algorithm: str, nbytes: int, world_size: int, *, link_bits_p
     return world_size * one_pass if algorithm == "naive" else (world_size - 1) / world_size * one_pass
 
 
-def table_rows(records: list[bench.BenchRecord], *, link_bits_per_s: int) -> list[dict]:
+def table_rows(records: list[BenchRecord], *, link_bits_per_s: int) -> list[dict]:
     """One row per measured (size, p, algorithm): measured seconds, both formulas, the ratios."""
     rows = []
     for r in records:
@@ -162,8 +169,10 @@ def table_rows(records: list[bench.BenchRecord], *, link_bits_per_s: int) -> lis
     return rows
 
 
-def fitted(records: list[bench.BenchRecord]) -> list[dict]:
+def fitted(records: list[BenchRecord]) -> list[dict]:
     """α, β per (p, algorithm) from two sizes or more, with β·B (1.00: each byte at the link's rate)."""
+    from .. import bench
+
     fits = []
     for p in sorted({r.world_size for r in records}):
         mine = [r for r in records if r.world_size == p]

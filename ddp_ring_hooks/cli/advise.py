@@ -26,7 +26,6 @@ import sys
 from pathlib import Path
 
 from ..advisor import advise, format_advice, from_bench, from_latency_bandwidth, from_two_tier
-from ..telemetry.timeline import TIMELINE_FILE, read_timeline
 from . import fail
 from .model import parse_bandwidth, parse_time, two_tier_network
 
@@ -85,6 +84,8 @@ def network_from_args(args: argparse.Namespace):
 def runs_inside(log_dir: str) -> list[Path]:
     """The run directories below ``log_dir`` that hold a timeline, in natural order
     (``accumulate_2`` before ``accumulate_10``); empty where ``log_dir`` is one run itself."""
+    from ..telemetry.timeline import TIMELINE_FILE  # imports torch: only when a run is read
+
     top = Path(log_dir)
     if not top.is_dir() or (top / TIMELINE_FILE).exists():
         return []
@@ -107,6 +108,8 @@ def chosen_run(log_dir: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Print the advice; 0, or 2 with a message when the input cannot be used."""
+    from ..telemetry.timeline import read_timeline  # imports torch: not for --help
+
     try:
         advice = advise(read_timeline(chosen_run(args.log_dir)), network=network_from_args(args))
     except (ValueError, OSError, KeyError, TypeError) as error:  # a file that is not what it should be

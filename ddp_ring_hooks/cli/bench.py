@@ -22,15 +22,11 @@ import argparse
 import os
 import sys
 
-import torch.distributed as dist
-
-from .. import bench
 from ..lab import LINK_ENVIRONMENT, format_rate, parse_rate
 from ..launch import run_on_ranks, under_torchrun
-from ..runtime.collectives import device_of
-from ..schedules import ALGORITHMS, check_given_options, get_algorithm, options_for, wire_of
+from ..schedules import check_given_options, get_algorithm, options_for, wire_of
 from ..schedules.wire import AS_IS
-from ..units import SIZE_HELP
+from ..units import ELEMENT_TYPES, SIZE_HELP
 from . import fail
 from ._options import add_option_arguments, flag, given_options
 
@@ -58,9 +54,9 @@ def add_parser(subparsers) -> None:
     sweep.add_argument("--rounds", type=int, default=1, metavar="R",
                        help="measure every (size, algorithm) R times, interleaved, and report the median; "
                             "use 5 or more on a shared machine (default: 1)")
-    sweep.add_argument("-d", "--datatype", default="float", choices=sorted(bench.DTYPES), metavar="TYPE",
-                       help=f"element type: {', '.join(sorted(bench.DTYPES))} (default: float)")
-    sweep.add_argument("--algorithms", default=",".join([*ALGORITHMS, bench.AUTO, bench.NATIVE]), metavar="A,B,...",
+    sweep.add_argument("-d", "--datatype", default="float", choices=sorted(ELEMENT_TYPES), metavar="TYPE",
+                       help=f"element type: {', '.join(sorted(ELEMENT_TYPES))} (default: float)")
+    sweep.add_argument("--algorithms", default=None, metavar="A,B,...",
                        help="comma-separated algorithms; 'auto' probes once and then picks per size like the "
                             "hook's algorithm='auto'; 'native' is dist.all_reduce (default: all of them)")
     add_option_arguments(parser.add_argument_group("algorithm options (also passed to auto's candidates)"))
@@ -87,11 +83,14 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the arguments here, then run the sweep on every rank; 1 if any value was wrong."""
+    from .. import bench  # torch: only when the command runs, not for --help
+
     try:
         sizes = bench.size_sweep(
             begin=bench.parse_size(args.minbytes), end=bench.parse_size(args.maxbytes), factor=args.stepfactor
         )
-        algorithms = [name.strip() for name in args.algorithms.split(",") if name.strip()]
+        given = args.algorithms or ",".join([*bench.ALGORITHMS, bench.AUTO, bench.NATIVE])
+        algorithms = [name.strip() for name in given.split(",") if name.strip()]
         bench.check_algorithms(algorithms)
         options = options_per_algorithm(given_options(args), algorithms)
         if args.warmup_iters < 0 or args.iters < 1 or args.rounds < 1:
@@ -111,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
 def options_per_algorithm(given: dict[str, object], algorithms: list[str]) -> dict[str, dict]:
     """Each benchmarked algorithm's share of the options given (``auto``: all of them, for its
     candidates), checked; an option that no benchmarked algorithm takes is an error, not ignored."""
+    from .. import bench
+
     check_given_options(given)
     unused = [] if bench.AUTO in algorithms else [
         name for name in given if not any(name in get_algorithm(a).option_names for a in algorithms)
@@ -127,6 +128,11 @@ def _bench_on_rank(
     args: argparse.Namespace, sizes: list[int], algorithms: list[str], options: dict[str, dict], link: int | None,
 ) -> int:
     """Run the sweep; rank 0 prints and writes the outputs. Returns the wrong values' count."""
+    import torch.distributed as dist
+
+    from .. import bench
+    from ..runtime.collectives import device_of
+
     rank = dist.get_rank()
     device = device_of(None)
     dtype = bench.DTYPES[args.datatype]

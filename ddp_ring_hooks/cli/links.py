@@ -29,12 +29,9 @@ import argparse
 import sys
 import time
 
-import torch.distributed as dist
-
 from ..launch import run_on_ranks, under_torchrun
 from ..links import THRESHOLD, LinkMatrix, exchange_rounds, format_table, write_link_matrix
 from ..links.heatmap import plot_heatmap
-from ..runtime.link_probe import measure_links
 from ..units import SIZE_HELP, format_size, parse_size
 from . import fail
 
@@ -81,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _links_on_rank(args: argparse.Namespace, size: int) -> int:
+    import torch.distributed as dist  # the ranks' imports: not for --help
+
+    from ..runtime.link_probe import measure_links
+
     started = time.perf_counter()
     matrix = measure_links(message_bytes=size, repeats=args.repeats)
     if dist.get_rank() == 0:

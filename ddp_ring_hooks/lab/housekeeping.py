@@ -2,7 +2,9 @@
 
 Only labs in the registry are ever touched (made by this code, see :mod:`.registry`), and of
 those, a lab whose owner process still runs is never removed from outside: its owner removes
-it. Other namespaces on the machine, whatever their names, are not looked at.
+it; besides them, only the capability probe's namespace of a process that is gone
+(``drh-probe-PID``, see :func:`.iproute.unavailable_reason`). Other namespaces on the machine,
+whatever their names, are not looked at.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from .registry import LabRecord
 
 
 def remove_stale_labs() -> list[str]:
-    """Remove every lab whose owner process is gone (killed before it could clean up); return
-    their names. Labs of running processes and labs made by ``lab up`` are left alone."""
-    return [record.name for record in registry.records() if not record.owner_alive() and _remove(record)]
+    """Remove every lab whose owner process is gone (killed before it could clean up), and the
+    capability probe's namespace of a process killed mid-probe; return their names. Labs of
+    running processes and labs made by ``lab up`` are left alone."""
+    return iproute.remove_stale_probes() + [record.name for record in registry.records() if not record.owner_alive() and _remove(record)]
 
 
 def remove_labs_of(pid: int) -> list[str]:

@@ -9,6 +9,7 @@ shapes what the host sends, the far end (the bridge's port) what it receives.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -40,8 +41,16 @@ class LabUnavailable(LabError):
     """This machine (or this user) cannot make an emulated lab."""
 
 
+#: The namespace :func:`unavailable_reason` makes and deletes, with the prober's pid appended
+#: (``remove_stale_probes`` deletes one whose prober was killed half-way).
+PROBE_PREFIX = "drh-probe-"
+
+
 def unavailable_reason() -> str | None:
-    """Why no lab can be made here (``None`` when one can): root and iproute2 are needed."""
+    """Why no lab can be made here (``None`` when one can), found by trying: root and iproute2,
+    then a namespace with a veth pair and a ``tbf`` qdisc made and deleted (:func:`_probe`).
+    Listing namespaces is not enough: a container's root without ``CAP_NET_ADMIN`` lists them
+    and is refused the first link it adds."""
     if os.name != "posix" or not Path("/proc/self/ns/net").exists():
         return "the emulated lab needs Linux network namespaces (/proc/self/ns/net is missing)"
     if os.geteuid() != 0:
@@ -53,7 +62,40 @@ def unavailable_reason() -> str | None:
     probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     if probe.returncode != 0:
         return f"`ip netns list` failed, so network namespaces cannot be used here: {probe.stderr.strip()}"
+    return _probe()
+
+
+@functools.cache
+def _probe() -> str | None:
+    """Make what a lab is made of, in a namespace of its own; delete it; what failed. Once per
+    process: it is four commands, and every lab asks."""
+    namespace = f"{PROBE_PREFIX}{os.getpid()}"
+    steps = (
+        ("ip", "netns", "add", namespace),
+        ("ip", "-n", namespace, "link", "add", "probe0", "type", "veth", "peer", "name", "probe1"),
+        ("tc", "-n", namespace, "qdisc", "add", "dev", "probe0", "root", "tbf", "rate", "1mbit", "burst", "32kbit",
+         "latency", "50ms"),
+        ("tc", "-n", namespace, "qdisc", "del", "dev", "probe0", "root"),
+    )
+    try:
+        for step in steps:
+            run(*step)
+    except LabError as error:
+        return (f"this machine cannot make an emulated lab: {error} (network namespaces, veth links and tc "
+                "qdiscs need CAP_NET_ADMIN; a container gets it with `--cap-add NET_ADMIN` or `--privileged`)")
+    finally:
+        run("ip", "netns", "del", namespace, check=False)
     return None
+
+
+def remove_stale_probes() -> list[str]:
+    """Delete the probe namespaces of processes that are gone (killed mid-probe); their names."""
+    stale = [name for name in existing_namespaces() if name.startswith(PROBE_PREFIX)
+             and name.removeprefix(PROBE_PREFIX).isdigit()
+             and not Path("/proc", name.removeprefix(PROBE_PREFIX)).exists()]
+    for name in stale:
+        run("ip", "netns", "del", name, check=False)
+    return stale
 
 
 def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:

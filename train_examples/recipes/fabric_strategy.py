@@ -3,9 +3,9 @@
 import torch
 from lightning.fabric import Fabric
 
-import ddp_ring_hooks.integrations.fabric  # noqa: F401 - registers strategy="ddp_ring"
+from ddp_ring_hooks.integrations.fabric import RingDDPFabricStrategy  # also registers strategy="ddp_ring"
 
-fabric = Fabric(strategy="ddp_ring", accelerator="cpu", devices=2)
+fabric = Fabric(strategy=RingDDPFabricStrategy(log_dir="runs/fabric"), accelerator="cpu", devices=2)
 fabric.launch()
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
 model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
@@ -15,3 +15,4 @@ for step in range(6):
     fabric.backward(loss)
     optimizer.step()
 fabric.print(f"loss {loss.item():.4f}, gradients averaged by {fabric.strategy.hook_state.algorithm}")
+fabric.strategy.hook_state.close()  # Fabric never tears its strategy down: complete the TensorBoard files now

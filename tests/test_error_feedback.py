@@ -117,6 +117,7 @@ def test_under_no_sync_the_residual_waits_for_the_next_synced_step(ranks):
     assert len({tuple(found["accumulation"]["grads_identical"]) for found in ranks}) == 1
 
 
+@pytest.mark.fast
 def test_a_rebuilt_layout_takes_each_parameters_residual_with_it():
     """DDP's rebuild after the first step: bucket 0 holds the same parameters in another order,
     bucket 1 one that was in bucket 0; each parameter's residual goes with it."""
@@ -138,6 +139,7 @@ def test_a_rebuilt_layout_takes_each_parameters_residual_with_it():
     assert feedback.prepare(0, torch.empty(6), lambda: [b, c], is_last=False) is rebuilt0
 
 
+@pytest.mark.fast
 def test_restored_residuals_wait_for_their_bucket_and_unmatched_ones_are_named():
     a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))
     saving = ErrorFeedback()

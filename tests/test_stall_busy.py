@@ -216,6 +216,7 @@ def _record(rank: int, *, peer: int | None = None, reducing: bool = True, since:
     return RankRecord(rank=rank, iteration=99, since=since, reported=reported, silent_after=1.0, **{**what, **fields})
 
 
+@pytest.mark.fast
 def test_the_verdicts_busy_paused_stalled_and_moving_data():
     me = _record(1, peer=0)
     busy = diagnose(me, {0: _record(0, reducing=False, since=35.0)}, world_size=2, now=100.0)
@@ -242,6 +243,7 @@ def test_the_verdicts_busy_paused_stalled_and_moving_data():
     assert moving.kind == "in flight" and not moving.aborts and moving.stalled == ()
 
 
+@pytest.mark.fast
 def test_the_verdict_reads_no_other_hosts_clock_only_how_long_a_records_number_stays_unchanged():
     """Records of a host whose monotonic clock is 10^6 s ahead of this one (a reboot apart),
     placed on this rank's clock: durations survive, and "silent" is N of *my* seconds."""
@@ -260,6 +262,7 @@ def test_the_verdict_reads_no_other_hosts_clock_only_how_long_a_records_number_s
     assert newer.reported == 103.0 and diagnose(me, {0: newer}, world_size=2, now=103.5).kind == "busy"
 
 
+@pytest.mark.fast
 def test_at_64_ranks_the_message_names_the_chain_and_counts_the_rest_under_1_kb():
     # A ring: rank 5 waits for rank 4, ..., rank 0 for rank 63, which froze.
     records = {rank: _record(rank, peer=(rank - 1) % 64) for rank in range(63)}
@@ -298,6 +301,7 @@ class _CountingStore:
         return counted
 
 
+@pytest.mark.fast
 def test_a_report_at_64_ranks_is_one_store_round_trip_and_the_last_rank_to_close_deletes_every_key():
     import torch.distributed as dist
 

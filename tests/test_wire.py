@@ -201,6 +201,7 @@ def test_telemetry_counts_the_bytes_on_the_wire(ddp_runs):
                            for e in buckets)
 
 
+@pytest.mark.fast
 def test_wire_dtype_is_checked_with_its_own_message_and_refused_when_not_narrower():
     from ddp_ring_hooks import HookState
 
@@ -219,6 +220,7 @@ def test_wire_dtype_is_checked_with_its_own_message_and_refused_when_not_narrowe
     assert (size.nbytes, size.wire_bytes, size.wire, size.ratio) == (40, 20, "bfloat16", 0.5)
 
 
+@pytest.mark.fast
 def test_error_feedback_needs_a_narrower_wire_and_a_bool():
     from ddp_ring_hooks import HookState
 

@@ -25,6 +25,8 @@ from tests.conftest import algorithm_cases
 
 N = 64 << 20
 
+pytestmark = pytest.mark.fast
+
 
 def _walk(program) -> dict:
     """Replay a wire program's bookkeeping from its events, independently of the compiler:

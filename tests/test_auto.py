@@ -165,9 +165,9 @@ def probe_choose_and_train(rank: int, world_size: int) -> dict:
 
     state, report["auto"] = train(hook=True)
     _, report["plain"] = train(hook=False)
-    report["state_calibration"] = state._auto.calibration
-    report["choices"] = [state._auto.choose(n) for n in SIZES]
-    report["unpickled_choices"] = [pickle.loads(pickle.dumps(state))._auto.choose(n) for n in SIZES]
+    report["state_calibration"] = state.plan.selector.calibration
+    report["choices"] = [state.plan.selector.choose(n) for n in SIZES]
+    report["unpickled_choices"] = [pickle.loads(pickle.dumps(state)).plan.selector.choose(n) for n in SIZES]
     report["log"] = handler.lines
     state.close()
     return report
@@ -207,7 +207,7 @@ def probe_with_nodes_of_different_sizes(rank: int, world_size: int) -> dict:
     except ValueError as error:
         report["hierarchical_asked_for"] = str(error)
     state = ddp_ring_hooks.HookState(algorithm="auto")
-    report["candidates"] = state._auto.candidates
+    report["candidates"] = state.plan.selector.candidates
     report["sum"] = state.reduce_bucket(torch.full((1000,), float(rank)), is_last=True).wait()[:3].tolist()
     state.close()
     return report

@@ -56,7 +56,7 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from ..hooks import HookState, register, ring_hook
 from ..hooks.advice import advice_text
 from ..hooks.register import reported_comm_hook
-from ..hooks.state import HOOK_OPTIONS, check_counts
+from ..hooks.options import HOOK_OPTIONS, check_counts
 from ..runtime.names import check_algorithm_name, has_schedule
 from ..schedules import resolve_options
 from ..telemetry import TELEMETRY_OPTIONS, Sink, TelemetryOptions, TensorBoardSink

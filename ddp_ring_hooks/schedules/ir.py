@@ -91,6 +91,10 @@ class Schedule:
     )
     # A cache of digest, likewise.
     _digests: list[int] = field(default_factory=list, init=False, compare=False, hash=False, repr=False)
+    # A cache of two_way_pairs, likewise.
+    _pairs: list[frozenset[tuple[int, int]]] = field(
+        default_factory=list, init=False, compare=False, hash=False, repr=False
+    )
 
     @property
     def phases(self) -> tuple[tuple[str, int, int], ...]:
@@ -115,6 +119,19 @@ class Schedule:
             plan = self._plans.setdefault(rank, _plan_for(self, rank))
         return plan
 
+
+    def two_way_pairs(self) -> frozenset[tuple[int, int]]:
+        """Every pair of ranks ``(low, high)`` that send to each other in one step (an exchange:
+        the ring at 2 ranks, every step of halving-doubling, hierarchical's leaders); on CPU the
+        runtime gives each such pair a socket per direction. The same for every buffer size
+        and pipeline depth of one algorithm and world size (the tests check it)."""
+        if not self._pairs:
+            pairs = set()
+            for step in self.steps:
+                links = {(t.src, t.dst) for t in step.transfers}
+                pairs.update((src, dst) for src, dst in links if src < dst and (dst, src) in links)
+            self._pairs.append(frozenset(pairs))
+        return self._pairs[0]
 
     def digest(self) -> int:
         """A 32-bit checksum of the whole schedule, the same in every process (``hash`` is

@@ -191,6 +191,13 @@ def schedule_nodes(schedule: Schedule) -> tuple[int, ...] | None:
     return tuple(nodes)
 
 
+def grouped_by_size(schedule: Schedule) -> bool:
+    """Whether the schedule groups its ranks into nodes of a size of its own (``local_size``:
+    hierarchical) rather than by what the ranks said (``node_of``) or not at all."""
+    options = dict(schedule.options)
+    return options.get("node_of") is None and bool(options.get("local_size"))
+
+
 @dataclass(frozen=True, slots=True)
 class RingCrossings:
     """How a ring order meets the node boundaries: ``total`` hops between nodes, and the most

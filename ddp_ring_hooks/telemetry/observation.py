@@ -38,7 +38,7 @@ from .options import TelemetryOptions, collect_telemetry_options
 from .profiling import ProfilerRanges
 from .recorder import Telemetry
 from .sinks import ADVICE_TAG, advice_panel
-from .stall import StallWatchdog
+from .stall import StallWatchdog, check_stall_timeout
 from .timeline import Timeline
 from .timer import DeviceTimers
 from .watcher import BucketWatch, StepWatch, Watcher
@@ -88,6 +88,11 @@ class Observation:
         self._exchangers: tuple[Watcher, ...] = ()  # the watchers that exchange after it
         self._ranks: tuple[int, int] | None = None  # (rank, world size) in the hook's group
         self._lock = threading.Lock()  # step bookkeeping: buckets finish on several threads
+
+    def check_group(self, group) -> None:
+        """The options that depend on the hook's group, checked when the state is built (a
+        ``stall_timeout`` its own timeout would beat)."""
+        check_stall_timeout(self.options, group)
 
     # -- the hook thread ---------------------------------------------------------------------
 

@@ -37,7 +37,8 @@ watcher of the observation (:mod:`.observation`) names it, in four parts::
    on, :meth:`StallWatchdog.launched`: the real completion, if it ever comes, is ignored) with
    a :class:`RankStalledError` that the hook state names as a ``HookFailedError``, every other
    open bucket with it, and the group's transfers are aborted
-   (:func:`~ddp_ring_hooks.runtime.abort.abort_transfers`): blocked threads are let go, the
+   (the group context's :meth:`~ddp_ring_hooks.runtime.group_context.GroupContext.abort`: the
+   group and everything made for it, per device): blocked threads are let go, the
    peers' transfers with this rank fail at once, the process can exit and torchrun restart it.
 """
 
@@ -56,9 +57,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from ..runtime.abort import abort_transfers, group_timeout_s
+from ..runtime.abort import group_timeout_s
 from ..runtime.compat import group_store
 from ..runtime.errors import CommunicationError
+from ..runtime.group_context import context_of
 from ..runtime.observer import ExecutionObserver
 from .options import TelemetryOptions, group_log_dir
 from .stall_report import ALL_REDUCE, Finding, RankRecord, diagnose, seconds
@@ -418,7 +420,7 @@ class StallWatchdog(Watcher):
         # Let the blocked threads go *before* DDP hears of the failure: a thread still inside
         # gloo's wait when the training script ends is killed by the interpreter's exit, and
         # that aborts the process ("terminate called without an active exception").
-        abort_transfers(self._group, peer=stuck_on)
+        context_of(self._group).abort(peer=stuck_on)
         let_go_by = time.monotonic() + LET_GO_S
         for progress, failure in claimed:
             if failure is not None:

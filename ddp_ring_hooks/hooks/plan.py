@@ -8,7 +8,7 @@ Built when the state is, on every rank of the group at once (collective):
    which settles the candidates' orders on the way.
 2. **Prepare** the group's context (:class:`~ddp_ring_hooks.runtime.group_context.GroupContext`)
    for exactly what these schedules need (:func:`~ddp_ring_hooks.runtime.group_context.needs_for`:
-   a transport per exchanging pair on gloo, the CUDA side groups on NCCL; nothing for
+   a transport per two-way pair on gloo, the CUDA side groups on NCCL; nothing for
    ``native``), and hold it until :meth:`Plan.release`.
 
 Then, per bucket and local: :meth:`Plan.schedule_for` (``auto``: its choice for the size;
@@ -60,7 +60,7 @@ class Plan:
 
     def schedules(self, world_size: int) -> list[Schedule]:
         """Every schedule this plan can run (each candidate's, for ``auto``), at the smallest
-        size: what it needs of the group does not change with the size (its exchanging pairs)."""
+        size: what it needs of the group does not change with the size (its two-way pairs)."""
         if self.selector is None:
             runs = [(self.algorithm, self.options)]
         else:

@@ -4,7 +4,7 @@ The stall watchdog (``telemetry/stall.py``) gives up on a peer that stopped answ
 the group itself would; then the threads blocked in the group's waits must be let go, or the
 process cannot finish (``HookState.close`` joins its workers) and torchrun cannot restart it.
 What to abort is the group's context's to know
-(:meth:`~ddp_ring_hooks.runtime.group_context.GroupContext.abort`: the group, each exchanging
+(:meth:`~ddp_ring_hooks.runtime.group_context.GroupContext.abort`: the group, each two-way
 pair's transport, the CUDA side groups, per device); this module aborts one transport.
 
 gloo has no abort: ``ProcessGroup.abort()`` is a no-op for it in torch 2.13 (it overrides

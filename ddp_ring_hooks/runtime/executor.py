@@ -20,7 +20,7 @@ in the queue behind all of it: the peer's half starts only after this half has c
 link, and the exchange takes up to twice as long on a network. Posted first, the receive's
 answer leaves before any payload and both halves travel at once, as in gloo's own ring
 (``gloo/allreduce.cc`` posts each segment's receive before its send). On CPU the two
-directions of an exchanging pair also travel on two gloo transports, the group and the pair's
+directions of an two-way pair also travel on two gloo transports, the group and the pair's
 own (:mod:`~ddp_ring_hooks.runtime.directions`, made by the group's context): on one, both
 payloads of an exchange would take turns at one lock, which costs where copies rather than the
 wire set the pace (loopback).
@@ -118,7 +118,7 @@ def run_schedule(
     slices from small tensors); CUDA tensors always run in one slice.
     ``context``: the group's context, prepared by the caller for this schedule (the hook state,
     when it is built); without one, the group's context prepares what the schedule needs
-    (:func:`~.group_context.needs_for`: on CPU a transport per exchanging pair), collective the
+    (:func:`~.group_context.needs_for`: on CPU a transport per two-way pair), collective the
     first time, as this call is. ``carrier``: on CUDA, the group the batches go on (the hook's
     lane passes its dedicated group, :mod:`~ddp_ring_hooks.runtime.cuda_lane`); default ``group``.
     """
@@ -184,7 +184,7 @@ class _Execution:
         # cached), so no kernel reads host memory and nothing syncs.
         self.divisor = _divisor_tensor(flat, divisor) if divisor != 1 else divisor
         self.start = _start_on_cpu if on_cpu else _start_batched
-        # peer -> the transport of our exchanging pair: messages from the lower to the higher
+        # peer -> the transport of our two-way pair: messages from the lower to the higher
         # rank of the pair go on it (see runtime/directions.py); every other message on the group.
         self.upward = upward
         self.carrier = carrier  # CUDA: the group the batches go on
@@ -325,7 +325,7 @@ def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
     121 µs per exchange of one element), so they go straight to the process group's
     ``send``/``recv`` (what ``dist.isend``/``dist.irecv`` call after their checks, which
     ``run_schedule`` did once). Peers are ranks of the group, as the group's methods take them.
-    A message from the lower to the higher rank of an exchanging pair goes on the pair's own
+    A message from the lower to the higher rank of an two-way pair goes on the pair's own
     transport (rank 0 of it sends, rank 1 receives), the others on the group
     (:mod:`~ddp_ring_hooks.runtime.directions`): both ends of a message pick the same one.
     """

@@ -1,7 +1,7 @@
 """``GroupContext``: what a process group needs besides itself, made, aborted and closed in one place.
 
 gloo keeps one context per communicator: its pairs of ranks, its buffers, one place to close
-them. A hook on a process group needs more than the group: a transport per exchanging pair, on
+them. A hook on a process group needs more than the group: a transport per two-way pair, on
 CUDA a communicator and a stream of its own, worker threads by lane, the ranks' nodes and a
 measured ring order, ``auto``'s selectors. All of it lives in one object per group::
 
@@ -16,10 +16,11 @@ measured ring order, ``auto``'s selectors. All of it lives in one object per gro
 
 1. **What is needed** (:class:`Needs`, from :func:`needs_for`) follows from the schedules the
    algorithm runs and the group's backend only, so every rank of the group computes the same:
-   the exchanging pairs (:meth:`~ddp_ring_hooks.schedules.Schedule.two_way_pairs`) on gloo, a
-   transport each (:mod:`.directions`); scheduled CUDA buckets, a dedicated NCCL group
+   the pairs that carry messages both ways (:func:`two_way_pairs`) on gloo, a transport each
+   (:mod:`.directions`); scheduled CUDA buckets, a dedicated NCCL group
    (:mod:`.cuda_lane`); an NCCL-only group, a gloo control group for host-side agreement.
-   ``native`` needs none of them, nor does a ring at more than 2 ranks on CPU. :meth:`prepare`
+   ``native`` needs none of them, nor does a ring at more than 2 ranks on CPU (it sends one
+   way round). :meth:`prepare`
    makes what is missing in one order on every rank (the pairs sorted, then the side groups),
    so every rendezvous finds its other ranks: the smallest pair not yet made always has both
    its ranks waiting at it.
@@ -79,7 +80,7 @@ def context_of(group: dist.ProcessGroup | None = None) -> GroupContext:
 class Needs:
     """What an algorithm uses of a group's side resources (see the module docstring, 1.).
 
-    ``pairs``: the exchanging pairs ``(low, high)`` (group ranks), a gloo transport each;
+    ``pairs``: the two-way pairs ``(low, high)`` (group ranks), a gloo transport each;
     ``cuda``: scheduled CUDA buckets (the dedicated NCCL group); ``control``: host-side
     agreement on a group without gloo (a gloo control group)."""
 
@@ -104,12 +105,22 @@ def needs_for(
     schedules = tuple(schedules)
     pairs: frozenset[tuple[int, int]] = frozenset()
     if on == "cpu" and backend_for(backend, "cpu") == "gloo" and group.size() > 1:
-        pairs = frozenset().union(*(schedule.two_way_pairs() for schedule in schedules))
+        pairs = two_way_pairs(schedules)
     return Needs(
         pairs=pairs,
         cuda=on == "cuda" and bool(schedules) and backend_for(backend, "cuda") == "nccl",
         control=backend_for(backend, "cpu") is None,
     )
+
+
+def two_way_pairs(schedules: Iterable[Schedule]) -> frozenset[tuple[int, int]]:
+    """Every pair ``(low, high)`` that some step of ``schedules`` sends on in one direction and
+    some step (the same or another, of the same schedule or another) in the other. Not only an
+    exchange within one step: lanes run buckets at once, so bucket 0's broadcast (parent to
+    child) can cross bucket 1's reduce (child to parent) on the same pair, and two payloads
+    the two ways of one gloo socket can block each other for good (:mod:`.directions`)."""
+    links = frozenset().union(*(schedule.links() for schedule in schedules))
+    return frozenset((src, dst) for src, dst in links if src < dst and (dst, src) in links)
 
 
 def side_group(group: dist.ProcessGroup, *, backend: str, purpose: str, generation: int = 0) -> dist.ProcessGroup:
@@ -193,7 +204,7 @@ class GroupContext:
     # -- 2. using what was made ----------------------------------------------------------------
 
     def upward(self) -> Mapping[int, dist.ProcessGroupGloo]:
-        """``peer -> transport`` for each exchanging pair this rank is in: a message from the
+        """``peer -> transport`` for each two-way pair this rank is in: a message from the
         lower to the higher rank of the pair goes on it (rank 0 of it sends, rank 1 receives),
         the other way on the group (:mod:`.directions`). Empty when none was prepared."""
         return self._upward

@@ -91,8 +91,8 @@ class Schedule:
     )
     # A cache of digest, likewise.
     _digests: list[int] = field(default_factory=list, init=False, compare=False, hash=False, repr=False)
-    # A cache of two_way_pairs, likewise.
-    _pairs: list[frozenset[tuple[int, int]]] = field(
+    # A cache of links, likewise.
+    _links: list[frozenset[tuple[int, int]]] = field(
         default_factory=list, init=False, compare=False, hash=False, repr=False
     )
 
@@ -120,18 +120,11 @@ class Schedule:
         return plan
 
 
-    def two_way_pairs(self) -> frozenset[tuple[int, int]]:
-        """Every pair of ranks ``(low, high)`` that send to each other in one step (an exchange:
-        the ring at 2 ranks, every step of halving-doubling, hierarchical's leaders); on CPU the
-        runtime gives each such pair a socket per direction. The same for every buffer size
-        and pipeline depth of one algorithm and world size (the tests check it)."""
-        if not self._pairs:
-            pairs = set()
-            for step in self.steps:
-                links = {(t.src, t.dst) for t in step.transfers}
-                pairs.update((src, dst) for src, dst in links if src < dst and (dst, src) in links)
-            self._pairs.append(frozenset(pairs))
-        return self._pairs[0]
+    def links(self) -> frozenset[tuple[int, int]]:
+        """Every directed link ``(src, dst)`` the schedule sends on, in any step."""
+        if not self._links:
+            self._links.append(frozenset((t.src, t.dst) for step in self.steps for t in step.transfers))
+        return self._links[0]
 
     def digest(self) -> int:
         """A 32-bit checksum of the whole schedule, the same in every process (``hash`` is

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..advisor import advise, format_advice, hierarchy_note, ring_order_note, step_model
 from ..advisor.advice import ring_order_of_run
 from ..runtime.names import has_schedule
-from ..schedules import checked_schedule, grouped_by_size, schedule_nodes
+from ..schedules import checked_schedule, grouped_by_size, has_ring_order, schedule_nodes
 
 
 def advice_table(records: list) -> str:
@@ -38,7 +38,7 @@ def ring_order_line(state) -> str | None:
     hierarchy = placement_warning(state)
     if hierarchy is not None:
         return f"ring order: {hierarchy}"
-    if state.ring is None:  # no ring order: native, tree, ..., or auto's mix
+    if not has_ring_order(state.algorithm_options):  # native, tree, ..., or auto's mix
         return None
     try:
         note = ring_order_of_run(step_model(state.timeline.records()))

@@ -43,7 +43,7 @@ class Reports:
         a slow link or network (with ``links=True``), and one on what the ring's order costs when
         it crosses the nodes more than it must."""
         line = ring_order_line(self)
-        return self.telemetry.summary() + (f"\n{line}" if line else "")
+        return self.observation.summary() + (f"\n{line}" if line else "")
 
     def advise(self, **options) -> dict:
         """What to change (bucket size, accumulation, algorithm, world size), predicted from this

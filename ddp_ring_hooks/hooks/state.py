@@ -1,12 +1,13 @@
 """``HookState``: everything the hook needs between calls; it checks, chooses, launches and names failures.
 
-Built on every rank of the group at once, in three steps::
+Built on every rank of the group at once, in three steps, the local ones first so that a bad
+option is refused before anything is made::
 
-    options ----------------> plan (collective) -------------------> observation
-    sorted and checked:       the algorithm settled on the group       every watcher of the
-    the algorithm's, the      (ring order, auto's probe); the group's  buckets, from one
-    telemetry fields, its     context prepared for exactly what it     TelemetryOptions
-    own numbers (options.py)  needs (plan.py, runtime/group_context)   (telemetry/observation.py)
+    options ----------------> observation -------------------> plan (collective)
+    sorted and checked:       every watcher of the buckets,      the algorithm settled on the
+    the algorithm's, the      from one TelemetryOptions          group (ring order, auto's probe);
+    telemetry fields, its     (telemetry/observation.py:         the group's context prepared for
+    own numbers (options.py)  nothing starts before a bucket)    exactly what it needs (plan.py)
 
 Per bucket, in DDP's order, on the hook thread:
 
@@ -145,10 +146,11 @@ class HookState(Reports, Checkpointing):
         self.iteration = 0
         self.check_layout_steps = check_layout_steps
         self.concurrent_buckets = concurrent_buckets
-        self.plan = Plan(process_group, algorithm, given.algorithm, device=device)
-        self.algorithm_options = self.plan.options
+        # Local first (every option refused before anything is made), then the collective part.
         self.observation = Observation(telemetry, observers=observers, advice=advice_table, **given.telemetry)
         self.observation.check_group(self.group)
+        self.plan = Plan(process_group, algorithm, given.algorithm, device=device)
+        self.algorithm_options = self.plan.options
         self._restarted(process_group=process_group)
         self.warn_misplaced(stacklevel=2)
 

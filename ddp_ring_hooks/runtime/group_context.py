@@ -292,22 +292,30 @@ class GroupContext:
             self._holders += 1
 
     def release(self) -> None:
-        """A holder is done; the last one closes the context (:meth:`close`)."""
+        """A holder is done: the workers stop after their queued jobs (every holder's: they
+        share the lanes; a later job starts them again), and the last holder's release closes
+        the context (:meth:`close`)."""
         with self._lock:
             self._holders = max(0, self._holders - 1)
             last = self._holders == 0
         if last:
             self.close()
+        else:
+            self.stop_workers()
 
-    def close(self) -> None:
+    def stop_workers(self) -> None:
         """Stop every worker after its queued jobs (waits for them: a thread still running
-        after close could reorder its lane's messages with a new one), then shut what the
-        context made: the pairs' and side groups' sockets close, their threads end. The next
-        use makes them anew (:meth:`prepare` on every rank). Safe to call twice."""
+        after this could reorder its lane's messages with a new one)."""
         with self._lock:
             workers, self._workers = list(self._workers.values()), {}
         for worker in workers:
             worker.close()
+
+    def close(self) -> None:
+        """Stop the workers (:meth:`stop_workers`), then shut what the context made: the pairs'
+        and side groups' sockets close, their threads end. The next use makes them anew
+        (:meth:`prepare` on every rank). Safe to call twice."""
+        self.stop_workers()
         with self._lock:
             made = [*self._pairs.values(), self._dedicated, self._control]
             self._pairs, self._upward, self._dedicated, self._control = {}, {}, None, None

@@ -151,6 +151,11 @@ def settled(
     return dict(options)
 
 
+def has_ring_order(options: Mapping[str, object]) -> bool:
+    """Whether resolved ``options`` have a ring order (their algorithm's record declares one)."""
+    return "ring_order" in options
+
+
 def ring_order_of(options: Mapping[str, object], world_size: int) -> tuple[int, ...] | None:
     """The permutation resolved ``options`` make the ring visit (``None``: the options have no
     ring order, or one not yet settled on the group)."""

@@ -248,7 +248,6 @@ class StallWatchdog(Watcher):
         #: The flight recorder: the last finished buckets (appends only on the hot path).
         self.recent: deque[FinishedBucket] = deque(maxlen=FLIGHT_RECORDER_BUCKETS)
         self._open: dict[_BucketProgress, None] = {}  # running or queued, in hand-over order
-        self._handed: tuple[BucketWatch, _BucketProgress] | None = None  # between hand-over and launch
         self._training = (time.monotonic(), "starting", 0)  # (since, what, iteration)
         self._steps_seen = 0
         self._group = None
@@ -276,7 +275,6 @@ class StallWatchdog(Watcher):
         if self._thread is None and not self._closed:
             self._start(bucket)
         progress = _BucketProgress(self, bucket)
-        self._handed = (bucket, progress)
         if bucket.index == 0:
             self._training = (progress.handed, "backward", progress.iteration)
         self._steps_seen = bucket.step
@@ -284,11 +282,12 @@ class StallWatchdog(Watcher):
             self._open[progress] = None
         return progress
 
-    def launched(self, bucket: BucketWatch, future: torch.futures.Future) -> torch.futures.Future:
+    def launched(self, bucket: BucketWatch, future: torch.futures.Future, progress: _BucketProgress | None,
+                 ) -> torch.futures.Future:
         """The Future DDP waits on: one this watchdog can fail at ``stall_timeout`` (on the CPU;
-        on CUDA the Future completes as the work is enqueued, long before anything could stall)."""
-        (handed, progress), self._handed = self._handed or (None, None), None
-        if handed is not bucket or progress.on_gpu or future.done():
+        on CUDA the Future completes as the work is enqueued, long before anything could stall).
+        ``progress``: what :meth:`on_bucket` returned for ``bucket``."""
+        if progress is None or progress.on_gpu or future.done():
             return future
         progress.explain = bucket.explain
         return progress.guard(future)

@@ -16,13 +16,15 @@ An unknown name is a ``TypeError`` that names every option the state takes, with
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..runtime.names import AUTO, check_algorithm_name
 from ..runtime.selection import auto_option_names
 from ..schedules import get_algorithm, resolve_options
 from ..telemetry import TELEMETRY_OPTIONS
+from ..telemetry.options import collect_telemetry_options
 
 #: ``HookState``'s own options that ``register`` and the Lightning strategy pass on (besides the
 #: algorithm's options and the telemetry fields, ``TELEMETRY_OPTIONS``).
@@ -53,6 +55,37 @@ def sort_options(
     if algorithm == AUTO:
         return SortedOptions(_known_to_auto(given), telemetry)
     return SortedOptions(_resolved(algorithm, given), telemetry)
+
+
+def check_register_options(
+    *, algorithm: str = "ring", algorithm_options: Mapping[str, object] | None = None, telemetry=None,
+    check_layout_steps: int = 2, concurrent_buckets: int = 2, observers=(), device=None, process_group=None,
+    **options,
+) -> None:
+    """Everything ``register`` (and so ``HookState``) would be given, checked now, without a
+    process group: what a framework's strategy calls when it is built, so a typo fails there
+    and not when training starts. The telemetry options are collected as the observation will
+    (one given both in ``telemetry=`` and as a keyword is refused)."""
+    given = sort_options(algorithm, algorithm_options, options, check_layout_steps=check_layout_steps,
+                         concurrent_buckets=concurrent_buckets)
+    collect_telemetry_options(getattr(telemetry, "options", telemetry), given.telemetry)
+
+
+def split_options(options: Mapping[str, object], elsewhere: frozenset[str]) -> tuple[dict, dict]:
+    """``options`` told apart: those a framework's own class takes (``elsewhere``), and the rest,
+    ``register``'s (see :func:`parameter_names`)."""
+    theirs = {name: value for name, value in options.items() if name in elsewhere}
+    return theirs, {name: value for name, value in options.items() if name not in elsewhere}
+
+
+def parameter_names(*functions: Callable) -> frozenset[str]:
+    """The keyword names ``functions`` take by name (not ``self``, ``module``, ``*args`` or ``**kwargs``):
+    what a framework's strategy and ``DistributedDataParallel`` accept."""
+    return frozenset(
+        name for function in functions for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+        and name not in ("self", "module")
+    )
 
 
 def check_counts(*, check_layout_steps: int = 2, concurrent_buckets: int = 2) -> None:

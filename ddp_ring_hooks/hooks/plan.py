@@ -27,6 +27,7 @@ from ..runtime.names import AUTO, has_schedule
 from ..runtime.ring_orders import settle_ring_order
 from ..runtime.selection import AutoSelector
 from ..schedules import Schedule, checked_schedule
+from .validation import validate_algorithm
 
 
 class Plan:
@@ -62,6 +63,7 @@ class Plan:
         """Every schedule this plan can run (each candidate's, for ``auto``), at the smallest
         size: what it needs of the group does not change with the size (its two-way pairs)."""
         if self.selector is None:
+            validate_algorithm(self.algorithm, world_size, self.options)  # a builder's complaint, with context
             runs = [(self.algorithm, self.options)]
         else:
             runs = [(a, self.selector.options.get(a, {})) for a in self.selector.candidates]

@@ -16,7 +16,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_ring_hooks
-from ddp_ring_hooks.cost_model import Calibration, TwoTier
+from ddp_ring_hooks.cost_model import Calibration, Links, TwoTier
 from ddp_ring_hooks.runtime.selection import AutoSelector, default_candidates
 from tests._dist import run_ranks
 from tests.conftest import Net
@@ -91,7 +91,7 @@ def test_candidate_options_are_the_registrys_and_each_reaches_the_candidates_tha
     assert "hierarchical" not in AutoSelector(LINKS, 8, local_size=8).candidates
 
 
-LAB = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=50e-6, local_beta=1 / 1e9, ranks_per_node=2)  # 400 Mbit/s uplinks
+LAB = TwoTier(Links(200e-6, 1 / 50e6, local=Links(50e-6, 1 / 1e9)), ranks_per_node=2)  # 400 Mbit/s uplinks
 
 
 def test_on_a_two_tier_network_auto_picks_hierarchical_where_it_is_faster_and_only_there():
@@ -103,10 +103,10 @@ def test_on_a_two_tier_network_auto_picks_hierarchical_where_it_is_faster_and_on
         assert (chosen == "hierarchical") == (predicted["hierarchical"] < min(t for a, t in predicted.items() if a != "hierarchical"))
     assert selector.choose(16 << 20) == ("hierarchical", {"local_size": 2, "segments": None, "ring_order": "rank", "node_of": None})
     # One tier (every rank its own node, the same links): no hierarchy pays, none is picked.
-    flat = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=200e-6, local_beta=1 / 50e6, ranks_per_node=1)
+    flat = TwoTier(Links(200e-6, 1 / 50e6), ranks_per_node=1)
     assert all(AutoSelector(None, 4, network=flat, local_size=2).choose(n)[0] != "hierarchical" for n in SIZES)
     # Ranks alternating between the nodes: the ring's candidate is priced in the order it would run.
-    misplaced = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=50e-6, local_beta=1 / 1e9, placement=(0, 1, 0, 1))
+    misplaced = TwoTier(LAB.links, placement=(0, 1, 0, 1))
     crossing = AutoSelector(None, 4, network=misplaced, candidates=("ring", "tree"))
     fixed = AutoSelector(None, 4, network=misplaced, candidates=("ring", "tree"), ring_order="hosts", node_of=(0, 1, 0, 1))
     assert crossing.predictions(16 << 20)["ring"] == pytest.approx(2 * fixed.predictions(16 << 20)["ring"], rel=0.01)

@@ -189,7 +189,7 @@ class AutoSelector:
         >>> selector = AutoSelector(Calibration(alpha=50e-6, beta=1e-9), world_size=8)
         >>> selector.choose(4096)
         ('halving_doubling', {})
-        >>> lab = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=50e-6, local_beta=1 / 1e9, ranks_per_node=2)
+        >>> lab = TwoTier(Links(200e-6, 1 / 50e6, local=Links(50e-6, 1 / 1e9)), ranks_per_node=2)
         >>> AutoSelector(None, 4, network=lab, local_size=2).choose(16 << 20)[0]
         'hierarchical'
     """

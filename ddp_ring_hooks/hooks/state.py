@@ -123,7 +123,6 @@ class HookState(Reports, Checkpointing):
         "_reductions_here",
         "_bucket_index",
         "_failures",
-        "_closed",
     )
 
     def __init__(
@@ -159,7 +158,6 @@ class HookState(Reports, Checkpointing):
         self.process_group = process_group
         self._failures = Failures(self.observation.stall_report)
         self._reductions_here = self._bucket_index = 0
-        self._closed = False
 
     # -- the group -----------------------------------------------------------------------
 
@@ -213,7 +211,5 @@ class HookState(Reports, Checkpointing):
         made for this state (the last state on a group: pairs' sockets, side groups), then close
         the observation: the advice panel, the timeline, the queued telemetry and its sinks. A
         later bucket prepares them anew. Safe to call twice."""
-        if not self._closed:
-            self._closed = True
-            self.plan.release()
+        self.plan.release()  # once per hold: a state used again after close holds again
         self.observation.close()

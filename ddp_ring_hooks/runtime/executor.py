@@ -82,7 +82,7 @@ import torch.distributed as dist
 from ..schedules import Op, Schedule
 from .compat import batched_p2p
 from .errors import StepFailedError
-from .group_context import GroupContext, context_of, needs_for
+from .group_context import GroupContext, Needs, context_of, needs_for
 from .observer import NULL_OBSERVER, ExecutionObserver
 from .program import Complete, Message, Post, Program, Unit, chunk_sizes, program_for
 
@@ -117,9 +117,9 @@ def run_schedule(
     ``slice_bytes`` overrides :data:`SLICE_BYTES` on CPU (tests use it to get many
     slices from small tensors); CUDA tensors always run in one slice.
     ``context``: the group's context, prepared by the caller for this schedule (the hook state,
-    when it is built); without one, the group's context prepares what the schedule needs
-    (:func:`~.group_context.needs_for`: on CPU a transport per two-way pair), collective the
-    first time, as this call is. ``carrier``: on CUDA, the group the batches go on (the hook's
+    when it is built); without one, the group's context prepares the schedule's pair transports
+    (:func:`~.group_context.needs_for`: on CPU one per pair the schedule sends on both ways),
+    collective the first time, as this call is. ``carrier``: on CUDA, the group the batches go on (the hook's
     lane passes its dedicated group, :mod:`~ddp_ring_hooks.runtime.cuda_lane`); default ``group``.
     """
     group_size = dist.get_world_size(group)
@@ -145,9 +145,9 @@ def run_schedule(
         window=min(SLICES_IN_FLIGHT, slices), divide=divisor != 1,
     )
     group = group if group is not None else dist.group.WORLD
-    if context is None:
+    if context is None:  # a call of its own: its pairs (the CUDA lanes' side groups are the hook's)
         context = context_of(group)
-        context.prepare(needs_for((schedule,), group, device=flat.device))
+        context.prepare(Needs(pairs=needs_for((schedule,), group, device=flat.device).pairs))
     upward = context.upward() if on_cpu else {}
     _Execution(schedule, program, flat, group, rank, observer, divisor, on_cpu, tag, upward, carrier or group).run()
     observer.on_finish()

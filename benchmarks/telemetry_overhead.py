@@ -31,8 +31,8 @@ import torch.distributed as dist
 
 import ddp_ring_hooks
 from ddp_ring_hooks.launch import run_on_ranks, under_torchrun
-from ddp_ring_hooks.runtime import worker_for
-from ddp_ring_hooks.telemetry.exchange import EXCHANGE_LANE
+from ddp_ring_hooks.runtime import context_of
+from ddp_ring_hooks.runtime.lanes import EXCHANGE
 from mlp_steps import build_mlp_ddp, time_steps
 
 TARGET = 1.02
@@ -116,7 +116,7 @@ def block_end(args: argparse.Namespace, state):
         return state.telemetry.flush
 
     def flush_and_exchange() -> None:
-        worker_for(state.group, EXCHANGE_LANE).submit(lambda: None).wait()
+        context_of(state.group).worker(EXCHANGE).submit(lambda: None).wait()
         state.telemetry.flush()
 
     return flush_and_exchange

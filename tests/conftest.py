@@ -190,7 +190,7 @@ def native_and_ring_in_one_backward(rank: int, device: torch.device) -> dict:
         optimizer.zero_grad()
         model(torch.randn(16, 1024, generator=generator).to(device)).square().mean().backward()
         optimizer.step()
-    chosen = sorted(set(state._auto._choices.values()))
+    chosen = sorted(set(state.plan.selector._choices.values()))
     state.close()
     return {"chosen": chosen, "params": [p.detach().cpu() for p in model.parameters()]}
 

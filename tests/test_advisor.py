@@ -613,9 +613,9 @@ def test_a_ring_across_misplaced_nodes_is_named_with_the_order_that_fixes_it_and
 @pytest.mark.fast
 def test_a_two_tier_network_prices_the_what_ifs_with_the_uplink_shared_by_a_nodes_ranks():
     from ddp_ring_hooks.advisor import from_two_tier
-    from ddp_ring_hooks.cost_model import TwoTier
+    from ddp_ring_hooks.cost_model import Links, TwoTier
 
-    lab = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=50e-6, local_beta=1 / 1e9, ranks_per_node=2)
+    lab = TwoTier(Links(200e-6, 1 / 50e6, local=Links(50e-6, 1 / 1e9)), ranks_per_node=2)
     network = from_two_tier(lab)
     assert network.cost_ms("ring", 16 << 20, 4) == pytest.approx(1e3 * lab.predict("ring", 16 << 20, 4))
     assert network.cost_ms("hierarchical", 16 << 20, 4, local_size=2) < 0.7 * network.cost_ms("ring", 16 << 20, 4)

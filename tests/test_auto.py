@@ -16,7 +16,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_ring_hooks
-from ddp_ring_hooks.cost_model import Calibration, TwoTier
+from ddp_ring_hooks.cost_model import Calibration, Links, TwoTier
 from ddp_ring_hooks.runtime.selection import AutoSelector, default_candidates
 from tests._dist import run_ranks
 from tests.conftest import Net
@@ -102,7 +102,7 @@ def test_candidate_options_are_the_registrys_and_each_reaches_the_candidates_tha
     assert "hierarchical" not in AutoSelector(LINKS, 8, local_size=8).candidates
 
 
-LAB = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=50e-6, local_beta=1 / 1e9, ranks_per_node=2)  # 400 Mbit/s uplinks
+LAB = TwoTier(Links(200e-6, 1 / 50e6, local=Links(50e-6, 1 / 1e9)), ranks_per_node=2)  # 400 Mbit/s uplinks
 
 
 @pytest.mark.fast
@@ -116,10 +116,10 @@ def test_on_a_two_tier_network_auto_picks_hierarchical_where_it_is_faster_and_on
     assert selector.choose(16 << 20) == (
         "hierarchical", {"local_size": 2, "segments": None, "ring_order": "rank", "node_of": None, "wire_dtype": "fp32"})
     # One tier (every rank its own node, the same links): no hierarchy pays, none is picked.
-    flat = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=200e-6, local_beta=1 / 50e6, ranks_per_node=1)
+    flat = TwoTier(Links(200e-6, 1 / 50e6), ranks_per_node=1)
     assert all(AutoSelector(None, 4, network=flat, local_size=2).choose(n)[0] != "hierarchical" for n in SIZES)
     # Ranks alternating between the nodes: the ring's candidate is priced in the order it would run.
-    misplaced = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=50e-6, local_beta=1 / 1e9, placement=(0, 1, 0, 1))
+    misplaced = TwoTier(LAB.links, placement=(0, 1, 0, 1))
     crossing = AutoSelector(None, 4, network=misplaced, candidates=("ring", "tree"))
     fixed = AutoSelector(None, 4, network=misplaced, candidates=("ring", "tree"), ring_order="hosts", node_of=(0, 1, 0, 1))
     assert crossing.predictions(16 << 20)["ring"] == pytest.approx(2 * fixed.predictions(16 << 20)["ring"], rel=0.01)
@@ -180,9 +180,9 @@ def probe_choose_and_train(rank: int, world_size: int) -> dict:
 
     state, report["auto"] = train(hook=True)
     _, report["plain"] = train(hook=False)
-    report["state_calibration"] = state._auto.calibration
-    report["choices"] = [state._auto.choose(n) for n in SIZES]
-    report["unpickled_choices"] = [pickle.loads(pickle.dumps(state))._auto.choose(n) for n in SIZES]
+    report["state_calibration"] = state.plan.selector.calibration
+    report["choices"] = [state.plan.selector.choose(n) for n in SIZES]
+    report["unpickled_choices"] = [pickle.loads(pickle.dumps(state)).plan.selector.choose(n) for n in SIZES]
     report["log"] = handler.lines
     state.close()
     return report
@@ -222,7 +222,7 @@ def probe_with_nodes_of_different_sizes(rank: int, world_size: int) -> dict:
     except ValueError as error:
         report["hierarchical_asked_for"] = str(error)
     state = ddp_ring_hooks.HookState(algorithm="auto")
-    report["candidates"] = state._auto.candidates
+    report["candidates"] = state.plan.selector.candidates
     report["sum"] = state.reduce_bucket(torch.full((1000,), float(rank)), is_last=True).wait()[:3].tolist()
     state.close()
     return report

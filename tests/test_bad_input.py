@@ -85,6 +85,7 @@ def _try_bad_inputs(rank: int, world_size: int) -> dict[str, dict]:
     outcomes["not a module"] = _outcome(lambda: register("model"))
     outcomes["module without DDP"] = _outcome(lambda: register(torch.nn.Sequential(torch.nn.Linear(4, 4))))
     outcomes["two DDP models"] = _outcome(lambda: register(torch.nn.ModuleDict({"encoder": _ddp(), "decoder": _ddp()})))
+    outcomes["parameters outside the DDP"] = _outcome(lambda: register(torch.nn.Sequential(_ddp(), torch.nn.Linear(4, 4))))
     outcomes["DataParallel"] = _outcome(lambda: register(torch.nn.DataParallel(torch.nn.Linear(4, 4))))
     from torch.distributed.fsdp import fully_shard
 
@@ -226,6 +227,8 @@ def test_register_finds_the_ddp_model_inside_a_wrapper(outcomes):
         ("module without DDP", ["found no DistributedDataParallel in Sequential(Linear)", "DistributedDataParallel(model)"]),
         ("two DDP models", ["ModuleDict holds 2 DistributedDataParallel models ('decoder', 'encoder')",
                             "register(model.get_submodule('decoder'))"]),
+        ("parameters outside the DDP", ["Sequential has trainable parameters outside the DistributedDataParallel at '0'",
+                                        "(1.weight, 1.bias)", "never be averaged", "wrap the whole model"]),
         ("DataParallel", ["in DataParallel(Linear)", "nn.DataParallel runs one process"]),
         ("FSDP", ["in FSDPSequential(Linear)", "sharded by FSDP"]),
         ("python_reducer", ['optimize_ddp = "python_reducer"', "(grad, param) tuple", 'optimize_ddp = "ddp_optimizer"']),

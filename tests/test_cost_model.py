@@ -15,7 +15,7 @@ import pytest
 from ddp_ring_hooks.cli.__main__ import main
 from ddp_ring_hooks.cli.model import format_seconds, parse_bandwidth, parse_size, parse_time
 from ddp_ring_hooks.cost_model import (
-    Calibration, bytes_sent_per_rank, count_steps, fit, fit_per_algorithm, fit_records, predict, simulate,
+    Calibration, Links, bytes_sent_per_rank, count_steps, fit, fit_per_algorithm, fit_records, predict, simulate,
 )
 from ddp_ring_hooks.schedules import (
     ALGORITHMS, algorithm_examples, build_schedule, get_algorithm, resolve_options, schedule_nodes,
@@ -37,21 +37,21 @@ def shapes(world_size: int):
 def test_closed_forms_equal_the_step_by_step_cost_of_the_schedules(world_size):
     rng = random.Random(world_size)
     for algorithm, options in shapes(world_size):
-        params = {"alpha": rng.uniform(1e-6, 1e-4), "beta": rng.uniform(1e-11, 1e-9), "gamma": rng.uniform(0, 1e-10)}
-        local = {}
+        alpha, beta, gamma = rng.uniform(1e-6, 1e-4), rng.uniform(1e-11, 1e-9), rng.uniform(0, 1e-10)
+        links = Links(alpha, beta, gamma)
         if algorithm == "hierarchical":
             # The closed form holds where the links between nodes are the slow part of every
             # step they are in (what a hierarchy is for): their bytes cost 8N times more.
             nodes = world_size // options["local_size"]
-            params["gamma"] = params["beta"] / (8 * nodes) * rng.random()
-            local = {"local_alpha": rng.uniform(1e-7, 1e-6), "local_beta": params["beta"] / (8 * nodes) * rng.random()}
+            links = Links(alpha, beta, beta / (8 * nodes) * rng.random(),
+                          local=Links(rng.uniform(1e-7, 1e-6), beta / (8 * nodes) * rng.random()))
         # The size the prediction is for: options chosen by size (hierarchical's segments) alike.
         schedule = build_schedule(algorithm, world_size, nbytes=int(N), **options)
         # The double binary tree is priced per NIC (a rank's links share it), the others per link.
         per_nic = {"placement": tuple(range(world_size)), "shared_uplinks": True}
         where = per_nic if algorithm == "double_binary_tree" else {"placement": schedule_nodes(schedule)}
-        simulated = simulate(schedule, N, **params, **local, **where)
-        assert predict(algorithm, N, world_size, **params, **local, **options) == pytest.approx(simulated, rel=1e-12), (
+        simulated = simulate(schedule, N, links, **where)
+        assert predict(algorithm, N, world_size, links, **options) == pytest.approx(simulated, rel=1e-12), (
             algorithm, options,
         )
 
@@ -254,13 +254,13 @@ def test_model_commentary_is_true_for_the_size_asked(capsys):
 
 
 def test_model_cli_prices_every_row_on_two_tiers_with_placement(capsys):
-    from ddp_ring_hooks.cost_model import TwoTier
+    from ddp_ring_hooks.cost_model import Links, TwoTier
 
     lab = ["--bandwidth", "400Mb/s", "--latency", "200us", "--local-bandwidth", "1GB/s", "--local-latency", "50us"]
     assert main(["model", "--size", "16M", "--world-sizes", "4,6", "--placement", "2", "--local-size", "2", *lab]) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split() for line in out.splitlines()[2:9] if line.strip()}
-    network = TwoTier(alpha=200e-6, beta=8 / 400e6, local_alpha=50e-6, local_beta=1e-9, ranks_per_node=2)
+    network = TwoTier(Links(200e-6, 8 / 400e6, local=Links(50e-6, 1e-9)), ranks_per_node=2)
     for algorithm, options in (("ring", {}), ("tree", {}), ("hierarchical", {"local_size": 2})):
         cells = [format_seconds(network.predict(algorithm, 16 << 20, p, **options)) for p in (4, 6)]
         assert " ".join(rows[algorithm][-4:]) == " ".join(cells), (algorithm, rows[algorithm])

@@ -17,6 +17,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compr
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_ring_hooks
+from ddp_ring_hooks.runtime import ExecutionObserver
 from tests._dist import run_ranks
 from tests.conftest import Net
 
@@ -82,12 +83,11 @@ def test_ring_hook_matches_plain_ddp(world_size):
                 assert torch.equal(ours, first), f"{variant}: rank {rank} differs from rank 0"
 
 
-class ExplodingState(ddp_ring_hooks.HookState):
-    """A state whose communication fails, to see the failure reach ``backward``."""
+class Exploding(ExecutionObserver):
+    """An observer whose bucket's communication fails as it starts, to see the failure reach
+    ``backward``."""
 
-    __slots__ = ()
-
-    def _average(self, *args, **kwargs):
+    def on_phase(self, phase: str) -> None:
         raise RuntimeError("simulated link failure")
 
 
@@ -105,7 +105,7 @@ def hook_counts_and_failures(rank: int, world_size: int) -> dict:
     second.register_comm_hook(restored, ddp_ring_hooks.ring_hook)
     second(torch.randn(4, 32)).sum().backward()
     failing = DDP(Net(), bucket_cap_mb=0.01)
-    failing.register_comm_hook(ExplodingState(), ddp_ring_hooks.ring_hook)
+    failing.register_comm_hook(ddp_ring_hooks.HookState(observers=(Exploding(),)), ddp_ring_hooks.ring_hook)
     try:
         failing(torch.randn(4, 32)).sum().backward()
         error = None

@@ -66,7 +66,7 @@ def feedback_on_ranks(rank: int, world_size: int) -> dict:
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(rank))
 
     def residuals() -> list[torch.Tensor]:
-        return [kept.tensor.clone() for _, kept in sorted(state._feedback._residuals.items())]
+        return [kept.tensor.clone() for _, kept in sorted(state.plan.feedback._residuals.items())]
 
     model(x).square().sum().backward()
     after_sync = residuals()

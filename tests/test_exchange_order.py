@@ -10,13 +10,13 @@ payload; the peer's half of the exchange then starts only when this half has cro
 turns at one lock.
 
 Timing shows it only on a shaped network, so this test checks the causes: each rank records
-the point-to-point operations it posts (the group's own ``send`` and ``recv`` and the upward
-gloo backend's, wrapped to note the peer and the transport before they run), for the
-schedules made of exchanges only: the ring at 2 ranks, halving-doubling at 4, hierarchical as
-2 nodes x 2. Every send to a peer must come after the receive from that peer of the same step,
-for every slice of a pipelined call; messages from a lower to a higher rank must all go on one
-transport and the others on another; and the results are still right and bit-identical on
-every rank.
+the point-to-point operations it posts (the group's own ``send`` and ``recv`` and those of the
+exchanging pairs' gloo backends, wrapped to note the peer and the transport before they run), for
+the schedules made of exchanges only: the ring at 2 ranks, halving-doubling at 4, hierarchical
+as 2 nodes x 2. Every send to a peer must come after the receive from that peer of the same
+step, for every slice of a pipelined call; messages from a lower to a higher rank must go on the
+pair's own transport (one per peer) and the others on the group; and the results are still right
+and bit-identical on every rank.
 """
 
 from __future__ import annotations
@@ -40,19 +40,23 @@ EXCHANGES = (
     ("halving_doubling", {}, 4),
     ("hierarchical", {"local_size": 2}, 4),
 )
-#: The classes whose ``send``/``recv`` the executor calls: the group, and the upward gloo backend.
+#: The classes whose ``send``/``recv`` the executor calls: the group, and each pair's gloo backend.
 TRANSPORTS = (dist.ProcessGroup, dist.ProcessGroupGloo)
 
 
 def _record_posts(rank: int, world_size: int) -> dict:
-    from ddp_ring_hooks.runtime import run_schedule
+    from ddp_ring_hooks.runtime import context_of, run_schedule
 
-    posted: list[tuple[str, int, str]] = []  # (operation, peer, transport)
+    posted: list[tuple[str, int, str]] = []  # (operation, peer in the group, transport)
     real = {(cls, op): getattr(cls, op) for cls in TRANSPORTS for op in ("send", "recv")}
 
     def spy(cls, operation):
         def call(transport, tensors, peer, tag):
-            posted.append((operation, peer, "group" if transport is group else f"other {id(transport)}"))
+            if transport is group:
+                posted.append((operation, peer, "group"))
+            else:  # a pair's transport: its ranks are 0 (the lower) and 1; name the group's peer
+                peer_in_group = next(p for p, t in context_of(group).upward().items() if t is transport)
+                posted.append((operation, peer_in_group, f"pair {id(transport)}"))
             return real[cls, operation](transport, tensors, peer, tag)
         return call
 
@@ -127,19 +131,26 @@ def test_the_two_directions_of_a_pair_travel_on_two_transports(reports, algorith
             transports.setdefault(source < destination, set()).add(transport)
         upward, downward = transports[True], transports[False]
         assert downward == {"group"}, (algorithm, rank, posted)  # higher -> lower: the group itself
-        assert len(upward) == 1 and "group" not in upward, (algorithm, rank, posted)  # lower -> higher: one other
+        assert "group" not in upward, (algorithm, rank, posted)  # lower -> higher: the pairs' own
+        by_peer = {}
+        for operation, peer, transport in posted:
+            if transport != "group":
+                by_peer.setdefault(peer, set()).add(transport)
+        assert all(len(used) == 1 for used in by_peer.values()), by_peer  # one transport per pair
+        assert len(set().union(*by_peer.values())) == len(by_peer), by_peer  # ... and a pair's alone
 
 
 def _upward_timeout(rank: int, world_size: int) -> float:
     from datetime import timedelta
 
-    from ddp_ring_hooks.runtime.directions import upward_transport
+    from ddp_ring_hooks.runtime import Needs, context_of
 
     group = dist.new_group([0, 1], timeout=timedelta(seconds=7))
-    return upward_transport(group).options._timeout.total_seconds()
+    context_of(group).prepare(Needs(pairs=frozenset({(0, 1)})))
+    return context_of(group).upward()[1 - rank].options._timeout.total_seconds()
 
 
 @pytest.mark.timeout(90)
-def test_the_upward_transport_keeps_the_groups_timeout():
+def test_a_pairs_transport_keeps_the_groups_timeout():
     """A hung peer must fail after the same time on either transport."""
     assert run_ranks(_upward_timeout, 2, timeout=60) == [7.0, 7.0]

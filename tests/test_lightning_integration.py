@@ -301,13 +301,38 @@ def test_bad_arguments_get_errors_that_name_the_fix():
     with pytest.raises(ValueError, match="stall_timeout=1 s must be longer than stall_after=2 s"):
         RingDDPStrategy(stall_after=2, stall_timeout=1)
     strategy = RingDDPStrategy(stall_after=2, stall_timeout=8)
-    assert (strategy._telemetry.stall_after, strategy._telemetry.stall_timeout) == (2.0, 8.0)
+    assert (strategy.register_options["stall_after"], strategy.register_options["stall_timeout"]) == (2, 8)
     trainer = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp", logger=False, enable_progress_bar=False)
     with pytest.raises(TypeError, match='pass strategy="ddp_ring"'):
         CommTimingLogger().setup(trainer, None, "fit")
 
 
+@pytest.mark.fast
 @pytest.mark.timeout(400)
+def test_both_strategies_take_every_option_the_same_way_and_check_it_when_built():
+    """Lightning's and Fabric's strategies: an algorithm's options as keywords (or a mapping),
+    DDP's and the strategy's own sent to them, the hook's checked at construction."""
+    from ddp_ring_hooks.integrations.fabric import RingDDPFabricStrategy
+    from ddp_ring_hooks.integrations.lightning import RingDDPStrategy
+    from ddp_ring_hooks.telemetry import TelemetryOptions
+
+    lightning = RingDDPStrategy(algorithm="tree", segments=4, bucket_cap_mb=2, log_every=5)
+    assert lightning.register_options == {"algorithm": "tree", "algorithm_options": None, "segments": 4, "log_every": 5}
+    assert lightning._ddp_kwargs == {"bucket_cap_mb": 2}  # DDPStrategy passes these to DistributedDataParallel
+    fabric = RingDDPFabricStrategy(algorithm="tree", segments=4, bucket_cap_mb=2, log_every=5)
+    assert fabric.register_options == {"algorithm": "tree", "segments": 4, "log_every": 5}
+    assert fabric._ddp_kwargs == {"bucket_cap_mb": 2}
+    for build in (RingDDPStrategy, RingDDPFabricStrategy):
+        with pytest.raises(TypeError, match="unknown option 'segmnts' \\(did you mean 'segments'\\?\\)"):
+            build(algorithm="tree", segmnts=4)
+        with pytest.raises(ValueError, match="segments"):
+            build(algorithm="tree", segments=0)
+        with pytest.raises(TypeError, match="option 'segments' given twice"):
+            build(algorithm="tree", algorithm_options={"segments": 2}, segments=4)
+        with pytest.raises(ValueError, match="telemetry option 'log_every' given twice"):
+            build(telemetry=TelemetryOptions(log_every=2), log_every=3)
+
+
 def test_the_readme_resume_command_continues_in_the_same_run(tmp_path):
     """train_char_lm.py, then the same command with --resume last, as docs/lightning.md prints them: the
     second run trains --max-steps more steps (it once trained none and ended in

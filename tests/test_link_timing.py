@@ -32,7 +32,7 @@ from ddp_ring_hooks.runtime import ExecutionObserver
 from ddp_ring_hooks.telemetry.link_timing import NATIVE_LINE, _time_link
 from ddp_ring_hooks.telemetry.options import TelemetryOptions
 from ddp_ring_hooks.telemetry.records import LinkSpan, LinkTimes
-from ddp_ring_hooks.telemetry.trace import LINKS_PID, link_events, link_tid
+from ddp_ring_hooks.telemetry.trace_format import LINKS_PID, link_tid
 
 from ._dist import run_ranks
 from .conftest import algorithm_cases
@@ -80,7 +80,7 @@ def test_the_option_is_off_by_default_and_needs_steps_that_gather():
 @pytest.mark.fast
 def test_the_trace_has_a_track_per_link_in_a_process_of_its_own():
     spans = (LinkSpan(1, 2, 10.0, 12.0, 2_000_000, 3, 0.5), LinkSpan(3, 2, 11.0, 15.0, 1_000_000, 1, 0.0))
-    events = link_events([LinkTimes(step=4, links={}, spans=spans, verdict=None, summary="", rank=2)])
+    events = LinkTimes(step=4, links={}, spans=spans, verdict=None, summary="", rank=2).trace_events()
     tracks = {e["args"]["name"]: e["tid"] for e in events if e["name"] == "thread_name"}
     assert tracks == {"link 1→2": link_tid(1, 2), "link 3→2": link_tid(3, 2)}
     [first, second] = [e for e in events if e["ph"] == "X"]

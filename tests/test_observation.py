@@ -1,5 +1,5 @@
 """One observation per hook state: every telemetry option reaches every watcher, an option is
-given one way only, one hand-over mark feeds every watcher, and a pickled state stays readable.
+given one way only, one hand-over mark feeds every watcher, and a pickled state keeps its options.
 
 On real gloo ranks: a ``telemetry=Telemetry(log_dir=d, spread_every=1)`` object writes the
 advisor's timeline under ``d`` (it once went nowhere) next to the straggler tags; an option
@@ -7,7 +7,6 @@ given both in ``telemetry=`` and as a keyword is refused naming it (it was once 
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import pickle
@@ -98,35 +97,10 @@ def test_telemetry_options_are_one_definition_checked_once():
         TelemetryOptions(summary_window=0)
 
 
-#: ``HookState(algorithm="tree", segments=2, log_dir="runs/pickled", log_every=3,
-#: trace_steps=(2, 4), spread_every=5, concurrent_buckets=1)`` with ``iteration = 7``, pickled
-#: by the version before the observation (format 1: telemetry and timeline pickled apart).
-FORMAT_1_STATE = base64.b64decode(
-    "gASVJAIAAAAAAACMGmRkcF9yaW5nX2hvb2tzLmhvb2tzLnN0YXRllIwJSG9va1N0YXRllJOUKYGUfZQojAlhbGdvcml0aG2U"
-    "jAR0cmVllIwRYWxnb3JpdGhtX29wdGlvbnOUfZSMCHNlZ21lbnRzlEsCc4wJaXRlcmF0aW9ulEsHjAl0ZWxlbWV0cnmUjCFk"
-    "ZHBfcmluZ19ob29rcy50ZWxlbWV0cnkucmVjb3JkZXKUjAlUZWxlbWV0cnmUk5QpgZR9lIwHb3B0aW9uc5SMIGRkcF9yaW5n"
-    "X2hvb2tzLnRlbGVtZXRyeS5vcHRpb25zlIwQVGVsZW1ldHJ5T3B0aW9uc5STlCmBlH2UKIwHbG9nX2RpcpSMDHJ1bnMvcGlj"
-    "a2xlZJSMCWxvZ19ldmVyeZRLA4wLdHJhY2Vfc3RlcHOUjAhidWlsdGluc5SMBXJhbmdllJOUSwJLBEsBh5RSlIwIcGVyX3Jh"
-    "bmuUiYwMc3ByZWFkX2V2ZXJ5lEsFjAhjYXBhY2l0eZRNAASMDnN1bW1hcnlfd2luZG93lE0ABHVic2KMEmNvbmN1cnJlbnRf"
-    "YnVja2V0c5RLAYwFX2F1dG+UTowSY2hlY2tfbGF5b3V0X3N0ZXBzlEsCjAh0aW1lbGluZZSMIWRkcF9yaW5nX2hvb2tzLnRl"
-    "bGVtZXRyeS50aW1lbGluZZSMCFRpbWVsaW5llJOUKYGUfZQoaBdoGIwEa2VlcJRNAAF1YnViLg=="
-)
-
-
 @pytest.mark.fast
-def test_a_state_pickled_by_the_version_before_loads_into_one_observation():
-    state = pickle.loads(FORMAT_1_STATE)
-    assert (state.algorithm, state.algorithm_options, state.iteration, state.concurrent_buckets) == (
-        "tree", {"segments": 2}, 7, 1)
-    options = state.observation.options
-    assert (options.log_dir, options.log_every, options.trace_steps, options.spread_every, options.sinks) == (
-        "runs/pickled", 3, range(2, 4), 5, ())
-    assert state.timeline.log_dir == "runs/pickled" and state.telemetry.options is options
-    assert not os.path.exists("runs/pickled")  # loading writes nothing
-
-
-@pytest.mark.fast
-def test_a_state_pickles_its_options_and_refuses_formats_it_cannot_read(tmp_path):
+def test_a_state_pickles_its_options(tmp_path):
+    """A pickle (a spawned process, a copy) keeps the options and counters; the durable,
+    versioned format is state_dict() (test_frameworks checks it)."""
     from ddp_ring_hooks import HookState
     from ddp_ring_hooks.telemetry import MemorySink, TelemetryOptions
 
@@ -135,12 +109,7 @@ def test_a_state_pickles_its_options_and_refuses_formats_it_cannot_read(tmp_path
     assert clone.observation.options == TelemetryOptions(log_dir=str(tmp_path), spread_every=2)  # no sinks
     assert clone.algorithm_options == {"segments": 3, "wire_dtype": "fp32"} and clone.observers == ()
     assert clone.observation.advice is state.observation.advice  # the advisor's, by name
-
-    newer = {**state.__getstate__(), "version": 3}
-    with pytest.raises(ValueError, match="pickled by a newer ddp_ring_hooks .format 3.*upgrade"):
-        HookState.__new__(HookState).__setstate__(newer)
-    with pytest.raises(ValueError, match="too old to read"):
-        HookState.__new__(HookState).__setstate__({"algorithm": "ring", "iteration": 0})
+    assert not os.path.exists(tmp_path / "timeline.jsonl")  # pickling and loading write nothing
 
 
 def _a_watcher_of_its_own(rank: int, world_size: int):

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from ddp_ring_hooks.cost_model import (
-    RingCrossings, TwoTier, hierarchical_uplink_cost, price, ring_crossings, ring_uplink_cost, simulate, two_tier_terms,
+    Links, RingCrossings, TwoTier, hierarchical_uplink_cost, price, ring_crossings, ring_uplink_cost, simulate, two_tier_terms,
     uplink_terms, uplink_traffic,
 )
 from ddp_ring_hooks.schedules import build_schedule, schedule_nodes, schedule_order
@@ -70,16 +70,16 @@ def test_ring_closed_form_equals_the_schedule_counted_and_simulated_with_shared_
     crossings = ring_crossings(schedule_order(schedule), placement)
     closed = ring_uplink_cost(world_size, crossings=crossings)
     _same(uplink_terms(schedule, placement), closed)
-    tiers = {"alpha": 80e-6, "beta": 8e-9, "local_alpha": 5e-6, "local_beta": 1e-10, "gamma": 3e-11}
-    simulated = simulate(schedule, N, placement=placement, shared_uplinks=True, **tiers)
-    assert price(closed, N, **tiers) == pytest.approx(simulated, rel=1e-12)
+    tiers = Links(80e-6, 8e-9, 3e-11, local=Links(5e-6, 1e-10))
+    simulated = simulate(schedule, N, tiers, placement=placement, shared_uplinks=True)
+    assert price(closed, N, tiers) == pytest.approx(simulated, rel=1e-12)
 
 
 @pytest.mark.parametrize("segments", [1, 3])
 @pytest.mark.parametrize("world_size, local_size", [(4, 2), (6, 2), (6, 3), (8, 2), (8, 4), (12, 3), (16, 4), (16, 8)])
 def test_hierarchical_closed_form_equals_the_schedule_when_a_nodes_ranks_share_its_uplink(world_size, local_size, segments):
     closed = hierarchical_uplink_cost(world_size, ranks_per_node=local_size, segments=segments)
-    tiers = {"alpha": 80e-6, "beta": 8e-9, "local_alpha": 5e-6, "local_beta": 1e-10, "gamma": 3e-11}
+    tiers = Links(80e-6, 8e-9, 3e-11, local=Links(5e-6, 1e-10))
     # Placed node by node, and misplaced but fixed by ring_order="hosts": the same cost.
     misplaced = interleaved(world_size, world_size // local_size)
     for schedule in (
@@ -89,16 +89,16 @@ def test_hierarchical_closed_form_equals_the_schedule_when_a_nodes_ranks_share_i
     ):
         placement = schedule_nodes(schedule)
         _same(uplink_terms(schedule, placement), closed)
-        simulated = simulate(schedule, N, placement=placement, shared_uplinks=True, **tiers)
-        assert price(closed, N, **tiers) == pytest.approx(simulated, rel=1e-12)
+        simulated = simulate(schedule, N, tiers, placement=placement, shared_uplinks=True)
+        assert price(closed, N, tiers) == pytest.approx(simulated, rel=1e-12)
 
 
 def test_on_the_issue_network_hierarchical_takes_two_thirds_of_the_placed_ring_and_a_third_of_the_misplaced():
-    uplink = {"alpha": 0.0, "beta": 1 / 50e6, "local_alpha": 0.0, "local_beta": 0.0}  # 400 Mbit/s uplinks
+    uplink = Links(0.0, 1 / 50e6, local=Links(0.0, 0.0))  # 400 Mbit/s uplinks
     placed, misplaced = blocks(4, 2), interleaved(4, 2)
-    ring = price(ring_uplink_cost(4, crossings=ring_crossings(range(4), placed)), N, **uplink)
-    crossing = price(ring_uplink_cost(4, crossings=ring_crossings(range(4), misplaced)), N, **uplink)
-    hierarchical = price(hierarchical_uplink_cost(4, ranks_per_node=2), N, **uplink)
+    ring = price(ring_uplink_cost(4, crossings=ring_crossings(range(4), placed)), N, uplink)
+    crossing = price(ring_uplink_cost(4, crossings=ring_crossings(range(4), misplaced)), N, uplink)
+    hierarchical = price(hierarchical_uplink_cost(4, ranks_per_node=2), N, uplink)
     assert crossing / ring == pytest.approx(2.0)
     assert hierarchical / ring == pytest.approx(2 / 3)
 
@@ -136,12 +136,12 @@ def test_segments_follow_the_buffer_unless_given():
     assert dbt == {0: 1, 64 << 10: 1, 16 << 20: 32}
 
 
-LAB = {"alpha": 200e-6, "beta": 1 / 50e6, "local_alpha": 50e-6, "local_beta": 1 / 1e9}  # 400 Mbit/s uplinks
+LAB = Links(200e-6, 1 / 50e6, local=Links(50e-6, 1 / 1e9))  # 400 Mbit/s uplinks
 
 
 @pytest.mark.parametrize("world_size, local_size", [(4, 2), (6, 3), (8, 2)])
 def test_two_tier_network_prices_every_algorithm_from_its_schedule_or_the_closed_form_that_equals_it(world_size, local_size):
-    network = TwoTier(**LAB, ranks_per_node=local_size)
+    network = TwoTier(LAB, ranks_per_node=local_size)
     placement = network.nodes(world_size)
     misplaced = interleaved(world_size, world_size // local_size)
     cases = [(a, {}) for a in ("ring", "tree", "double_binary_tree", "halving_doubling", "naive")] + [
@@ -153,28 +153,28 @@ def test_two_tier_network_prices_every_algorithm_from_its_schedule_or_the_closed
     for algorithm, options in cases:
         counted = uplink_terms(build_schedule(algorithm, world_size, nbytes=int(N), **options), placement)
         _same(two_tier_terms(algorithm, world_size, placement, nbytes=N, **options), counted)
-        assert network.predict(algorithm, N, world_size, **options) == pytest.approx(price(counted, N, **LAB), rel=1e-12)
+        assert network.predict(algorithm, N, world_size, **options) == pytest.approx(price(counted, N, LAB), rel=1e-12)
     assert network.predict("native", N, world_size) == network.predict("ring", N, world_size)  # priced as the ring
 
 
 def test_on_the_lab_network_hierarchical_wins_and_a_misplaced_ring_loses_by_its_crossings():
-    placed, misplaced = TwoTier(**LAB, ranks_per_node=2), TwoTier(**LAB, placement=(0, 1, 0, 1))
+    placed, misplaced = TwoTier(LAB, ranks_per_node=2), TwoTier(LAB, placement=(0, 1, 0, 1))
     n = 16 << 20
     assert placed.predict("hierarchical", n, 4, local_size=2) / placed.predict("ring", n, 4) == pytest.approx(0.68, abs=0.02)
     assert misplaced.predict("ring", n, 4) / placed.predict("ring", n, 4) == pytest.approx(2.0, abs=0.01)
     fixed = misplaced.predict("ring", n, 4, ring_order="hosts", node_of=(0, 1, 0, 1))
     assert fixed == pytest.approx(placed.predict("ring", n, 4))
     # Large world sizes come from the closed forms at once, not from 500-rank schedules.
-    assert TwoTier(**LAB, ranks_per_node=8).predict("hierarchical", n, 512, local_size=8) > 0
+    assert TwoTier(LAB, ranks_per_node=8).predict("hierarchical", n, 512, local_size=8) > 0
 
 
 def test_a_two_tier_network_must_know_the_ranks_nodes():
     with pytest.raises(ValueError, match="give placement=.* or ranks_per_node=G, not both"):
-        TwoTier(**LAB)
+        TwoTier(LAB)
     with pytest.raises(ValueError, match="this network places 4 ranks, not 6"):
-        TwoTier(**LAB, placement=(0, 0, 1, 1)).predict("ring", N, 6)
+        TwoTier(LAB, placement=(0, 0, 1, 1)).predict("ring", N, 6)
     with pytest.raises(ValueError, match="nodes of 4 ranks do not divide 6 ranks"):
-        TwoTier(**LAB, ranks_per_node=4).nodes(6)
+        TwoTier(LAB, ranks_per_node=4).nodes(6)
 
 
 def test_one_nic_per_rank_is_every_rank_its_own_node():

@@ -147,7 +147,7 @@ def native_and_pytorch_hooks_under_ddp(rank: int, world_size: int, directory: st
         m, wire_dtype="bf16", error_feedback=True, log_dir=f"{directory}/ring_bf16", trace_steps=(2, 3)))
     results["ring digests"] = ring
     results["summary"] = state.summary()
-    results["feedback_bytes"] = state._feedback.nbytes
+    results["feedback_bytes"] = state.plan.feedback.nbytes
     results["gradient_bytes"] = sum(p.numel() * 4 for p in Net().parameters())
     state.close()
     return results
@@ -229,10 +229,10 @@ def test_error_feedback_needs_a_narrower_wire_and_a_bool():
         HookState(algorithm="ring", error_feedback=True)
     with pytest.raises(TypeError, match="error_feedback must be True or False, got 'yes'"):
         HookState(algorithm="ring", wire_dtype="bf16", error_feedback="yes")
-    assert HookState(algorithm="native", wire_dtype="fp16", error_feedback=True)._feedback is not None
+    assert HookState(algorithm="native", wire_dtype="fp16", error_feedback=True).plan.feedback is not None
     # pickled (spawn, a copy), a state keeps error feedback on, with no residuals of this process
     clone = pickle.loads(pickle.dumps(HookState(algorithm="ring", wire_dtype="bf16", error_feedback=True)))
-    assert clone._feedback is not None and clone._feedback.nbytes == 0
+    assert clone.plan.feedback is not None and clone.plan.feedback.nbytes == 0
 
 
 def registering_refuses_a_wider_wire(rank: int, world_size: int) -> list[str]:

@@ -15,7 +15,7 @@ import pytest
 
 from ddp_ring_hooks import HookState
 from ddp_ring_hooks.cli.__main__ import build_parser, main
-from ddp_ring_hooks.cost_model import TwoTier, coefficients, predict, simulate
+from ddp_ring_hooks.cost_model import Links, TwoTier, coefficients, predict, simulate
 from ddp_ring_hooks.runtime.program import Complete, Post, compile_program
 from ddp_ring_hooks.schedules import (
     ALGORITHMS, Op, algorithm_names, build_schedule, checked_schedule, get_algorithm, resolve_options, with_wire,
@@ -120,7 +120,7 @@ def test_a_narrower_wire_halves_the_bytes_and_adds_two_casts_in_formula_and_sche
 def test_two_tiers_and_auto_price_the_wire_bytes_but_auto_never_picks_a_wire():
     from ddp_ring_hooks.runtime.selection import AutoSelector
 
-    lab = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=50e-6, local_beta=1 / 1e9, ranks_per_node=2)
+    lab = TwoTier(Links(200e-6, 1 / 50e6, local=Links(50e-6, 1 / 1e9)), ranks_per_node=2)
     for algorithm in ("ring", "hierarchical", "tree"):
         options = {"local_size": 2} if algorithm == "hierarchical" else {}
         fp32 = lab.predict(algorithm, 16 << 20, 4, **options)
@@ -160,7 +160,7 @@ def test_model_labels_and_prices_the_wire_and_explain_says_what_travels(capsys):
 def test_hook_state_takes_the_wire_for_every_algorithm(algorithm, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     state = HookState(algorithm=algorithm, wire_dtype="fp16", error_feedback=True)
-    assert state.algorithm_options["wire_dtype"] == "fp16" and state._feedback is not None
+    assert state.algorithm_options["wire_dtype"] == "fp16" and state.plan.feedback is not None
     assert resolve_options(algorithm, {})["wire_dtype"] == "fp32"  # the default: as the bucket is
 
 
@@ -179,7 +179,8 @@ def test_the_lightning_strategy_checks_the_wire_options_when_built():
     with pytest.raises(ValueError, match="error_feedback=True keeps what rounding"):
         RingDDPStrategy("ring", error_feedback=True)
     strategy = RingDDPStrategy("native", algorithm_options={"wire_dtype": "bf16"}, error_feedback=True)
-    assert strategy._hook_options == {"error_feedback": True}
+    assert strategy.register_options == {"algorithm": "native", "algorithm_options": {"wire_dtype": "bf16"},
+                                         "error_feedback": True}
 
 
 def _record(wire: str | None, nbytes: int = 4000) -> StepRecord:

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..schedules import algorithm_names
-from .network import NATIVE, Network, from_run
+from ..schedules import algorithm_names, formula_for, get_algorithm
+from .network import Network, from_run
 from .profile import TimelineRecord, profile_run
 from .ring_order import RingOrderNote, ring_order_note
 from .step_model import Setting, StepModel, run_setting, setting_options
@@ -48,10 +48,19 @@ def ring_order_of_run(model: StepModel) -> RingOrderNote | None:
     """What the run's rank order cost (a ring run whose ranks' nodes are known), priced with the
     run's own fit at its largest bucket (:mod:`.ring_order`)."""
     p = model.profile
-    if p.algorithm != "ring" or not p.buckets:
+    if p.ring is None or not p.buckets:  # the run's algorithm has no ring order (its record declares none)
         return None
-    return ring_order_note(order=p.ring, nodes=p.nodes, calibration=model.run_network.calibration("ring"),
+    return ring_order_note(order=p.ring, nodes=p.nodes, calibration=model.run_network.calibration(p.algorithm),
                            nbytes=max(b.nbytes for b in p.buckets))
+
+
+def priced_as_note(algorithm: str, network: Network) -> str:
+    """What the advice says of an algorithm without a formula of its own (``native``: the
+    group's own all_reduce): costed with the one it is priced as, unless bench records fitted it."""
+    if algorithm in network.calibrations:
+        return f"{algorithm}: fitted to its bench records"
+    record = get_algorithm(algorithm)
+    return f"{algorithm}: {record.summary}, costed with the {formula_for(algorithm)} formula on this network (not measured)"
 
 
 def world_sizes(p: int) -> list[int]:
@@ -161,8 +170,7 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
         f"contention of hidden communication: {p.contention_ms:.1f} ms per step, {p.contention_source}",
         "accumulate k: the effective batch grows k-fold (k x micro-batch x world size samples per step)",
         "world_size: the same micro-batch per rank on more ranks (weak scaling); speedup counts all ranks' samples",
-        f"{NATIVE}: the group's own all_reduce, costed with the ring formula on this network (not measured)"
-        if NATIVE not in model.network.calibrations else f"{NATIVE}: fitted to its bench records",
+        *(priced_as_note(a, model.network) for a in algorithm_names() if get_algorithm(a).cost is None),
     ]
     ring = ring_order_of_run(model)
     return {

@@ -1,7 +1,8 @@
 """What one bucket's all-reduce costs: α-β per algorithm, from this run, a benchmark or two numbers.
 
-Three sources, one shape (:class:`Network`: a :class:`~ddp_ring_hooks.cost_model.Calibration`
-per algorithm, ``"*"`` for the rest):
+Several sources, one shape (:class:`Network`: the network's one value, a
+:class:`~ddp_ring_hooks.cost_model.Links`, per algorithm, ``"*"`` for the rest; every algorithm is
+priced with its registry record's formula, ``formula_for``: ``native`` with the ring's):
 
 - :func:`from_run`: α and β fitted to this run's own buckets (``(nbytes, time)`` of each
   bucket, median over steps) with the run algorithm's formula. These are *in-training*
@@ -25,17 +26,18 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..cost_model import Calibration, TwoTier, bytes_sent_per_rank, coefficients, fit
+from ..cost_model import Links, TwoTier, bytes_sent_per_rank, coefficients, fit
 from ..schedules import algorithm_names, build_schedule, formula_for, get_algorithm
 
-NATIVE = "native"
 ANY = "*"
+#: How a run of ``auto`` (a mix of the registry's algorithms, not one of them) is priced.
+MIX_PRICED_AS = "ring"
 
 
-def formula_of(algorithm: str) -> str:
-    """The cost formula an algorithm is priced with: the registry's (``native`` is priced as
-    the ring); ``auto``, a mix of them, also as the ring."""
-    return formula_for(algorithm) if algorithm in algorithm_names() else "ring"
+def _formula(algorithm: str) -> str:
+    """The registry's formula for ``algorithm`` (:func:`~ddp_ring_hooks.schedules.formula_for`);
+    a run that mixed them (``auto``) as :data:`MIX_PRICED_AS`."""
+    return formula_for(algorithm) if algorithm in algorithm_names() else MIX_PRICED_AS
 
 
 def bytes_factor(algorithm: str, world_size: int, **options) -> float:
@@ -49,7 +51,7 @@ def bytes_factor(algorithm: str, world_size: int, **options) -> float:
     """
     if world_size < 2:
         return 0.0
-    formula = formula_of(algorithm)
+    formula = _formula(algorithm)
     closed_form = get_algorithm(formula).busiest_sends
     if closed_form is not None:  # the ring: the same number without building 2p(p-1) transfers
         return closed_form(world_size, **options)
@@ -65,20 +67,20 @@ def _schedule_bytes_factor(algorithm: str, world_size: int, options: tuple = ())
 class Network:
     """α-β costs per algorithm, and where they came from (said in the advice)."""
 
-    calibrations: Mapping[str, Calibration]
+    calibrations: Mapping[str, Links]
     source: str
     from_this_run: bool = False
     two_tier: TwoTier | None = None  # prices every algorithm when given
 
-    def calibration(self, algorithm: str) -> Calibration:
+    def calibration(self, algorithm: str) -> Links:
         return self.calibrations.get(algorithm) or self.calibrations[ANY]
 
     def cost_ms(self, algorithm: str, nbytes: float, world_size: int, **options) -> float:
         """Predicted ms to all-reduce one bucket of ``nbytes`` over ``world_size`` ranks (a
         ``ValueError`` when a two-tier network has no shape for ``world_size`` ranks)."""
         if self.two_tier is not None:
-            return 1e3 * self.two_tier.predict(formula_of(algorithm), nbytes, world_size, **options)
-        return 1e3 * self.calibration(algorithm).predict(formula_of(algorithm), nbytes, world_size, **options)
+            return 1e3 * self.two_tier.predict(_formula(algorithm), nbytes, world_size, **options)
+        return 1e3 * self.calibration(algorithm).predict(_formula(algorithm), nbytes, world_size, **options)
 
     def as_dict(self) -> dict:
         return {
@@ -100,7 +102,7 @@ def from_run(
     samples = [(n, ms * 1e-3) for n, ms in samples if ms > 0]
     if not samples:
         raise ValueError("no bucket of this run took any time (one rank?); give a network: --network or --latency/--bandwidth")
-    formula, options = formula_of(algorithm), dict(options or {})
+    formula, options = _formula(algorithm), dict(options or {})
     if len({n for n, _ in samples}) >= 2:
         try:
             calibration = fit(samples, algorithm=formula, world_size=world_size, **options)
@@ -112,11 +114,11 @@ def from_run(
     return Network({ANY: calibration}, note, from_this_run=True)
 
 
-def _bandwidth_only(samples, formula: str, world_size: int, options: Mapping[str, object]) -> tuple[Calibration, str]:
+def _bandwidth_only(samples, formula: str, world_size: int, options: Mapping[str, object]) -> tuple[Links, str]:
     """All buckets one size: α and β cannot be told apart; put everything into β."""
     b = coefficients(formula, world_size, **options)[1]
     beta = statistics.median(t / (b * n) for n, t in samples if n > 0)
-    return Calibration(0.0, beta), "this run's buckets all have one size: bandwidth only (alpha 0)"
+    return Links(0.0, beta), "this run's buckets all have one size: bandwidth only (alpha 0)"
 
 
 def from_bench(records: Iterable[Mapping]) -> Network:
@@ -134,7 +136,7 @@ def from_bench(records: Iterable[Mapping]) -> Network:
         if algorithm not in algorithm_names():  # "auto" is a mix, not one formula
             continue
         try:
-            calibrations[algorithm] = fit(samples, algorithm=formula_of(algorithm), world_size=world_size)
+            calibrations[algorithm] = fit(samples, algorithm=_formula(algorithm), world_size=world_size)
         except ValueError:
             continue  # one size only: this algorithm falls back to the shared fit
     shared = [(n, t) for samples in by_algorithm.values() for n, t in samples]
@@ -146,7 +148,7 @@ def from_latency_bandwidth(*, latency_s: float, bandwidth_Bps: float) -> Network
     """The same α (seconds per message) and β = 1 / bandwidth for every algorithm."""
     if latency_s < 0 or bandwidth_Bps <= 0:
         raise ValueError(f"latency must be >= 0 and bandwidth > 0, got {latency_s} s and {bandwidth_Bps} B/s")
-    return Network({ANY: Calibration(latency_s, 1.0 / bandwidth_Bps)},
+    return Network({ANY: Links(latency_s, 1.0 / bandwidth_Bps)},
                    f"given: latency {latency_s * 1e6:g} us, bandwidth {bandwidth_Bps / 1e9:g} GB/s")
 
 
@@ -154,10 +156,11 @@ def from_two_tier(network: TwoTier) -> Network:
     """Every algorithm priced on ``network`` (two tiers: each node's ranks share its uplink)."""
     where = (f"nodes of {network.ranks_per_node} ranks" if network.placement is None
              else f"nodes {', '.join(map(str, network.placement))}")
+    links, inside = network.links, network.links.inside
     return Network(
-        {ANY: Calibration(network.alpha, network.beta)},
-        f"given, two tiers ({where}): uplink latency {network.alpha * 1e6:g} us, {1e-9 / network.beta:g} GB/s; "
-        f"inside a node {network.local_alpha * 1e6:g} us, {1e-9 / network.local_beta:g} GB/s"
-        if network.beta and network.local_beta else "given, two tiers",
+        {ANY: links},
+        f"given, two tiers ({where}): uplink latency {links.alpha * 1e6:g} us, {1e-9 / links.beta:g} GB/s; "
+        f"inside a node {inside.alpha * 1e6:g} us, {1e-9 / inside.beta:g} GB/s"
+        if links.beta and inside.beta else "given, two tiers",
         two_tier=network,
     )

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..advisor import advise, format_advice, from_bench, from_latency_bandwidth, from_two_tier
 from . import fail
-from .model import parse_bandwidth, parse_time, two_tier_network
+from .model import links_from_flags, parse_bandwidth, parse_time, two_tier_network
 
 
 def add_parser(subparsers) -> None:
@@ -72,10 +72,7 @@ def network_from_args(args: argparse.Namespace):
     if args.placement:
         if not args.latency:
             raise ValueError("--placement needs the uplink's --latency and --bandwidth")
-        params = {"alpha": parse_time(args.latency), "beta": 1 / parse_bandwidth(args.bandwidth), "gamma": 0.0}
-        local = {"local_alpha": parse_time(args.local_latency) if args.local_latency else None,
-                 "local_beta": 1 / parse_bandwidth(args.local_bandwidth) if args.local_bandwidth else None}
-        return from_two_tier(two_tier_network(args.placement, params, local))
+        return from_two_tier(two_tier_network(args.placement, links_from_flags(args)))
     if args.latency:
         return from_latency_bandwidth(latency_s=parse_time(args.latency), bandwidth_Bps=parse_bandwidth(args.bandwidth))
     return None

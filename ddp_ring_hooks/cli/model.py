@@ -25,7 +25,7 @@ import re
 import textwrap
 from collections.abc import Mapping
 
-from ..cost_model import TwoTier, coefficients, predict
+from ..cost_model import Links, TwoTier, coefficients, predict
 from ..schedules import algorithm_names, check_given_options, get_algorithm, options_for
 from ..units import SIZE_HELP, parse_size  # noqa: F401 - one size parser for every command
 from ..units import format_bytes as format_size
@@ -112,16 +112,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         sizes = [parse_size(s) for s in args.size.split(",")]
         world_sizes = [int(p) for p in args.world_sizes.split(",")]
-        params = {
-            "alpha": parse_time(args.latency),
-            "beta": 1 / parse_bandwidth(args.bandwidth),
-            "gamma": 1 / parse_bandwidth(args.reduce_bandwidth) if args.reduce_bandwidth else 0.0,
-        }
-        local = {
-            "local_alpha": parse_time(args.local_latency) if args.local_latency else None,
-            "local_beta": 1 / parse_bandwidth(args.local_bandwidth) if args.local_bandwidth else None,
-        }
-        network = two_tier_network(args.placement, params, local)
+        links = links_from_flags(args, gamma=1 / parse_bandwidth(args.reduce_bandwidth) if args.reduce_bandwidth else 0.0)
+        network = two_tier_network(args.placement, links)
         algorithms = [a.strip() for a in args.algorithms.split(",")]
         given = given_options(args)
         algorithms += [a for a in algorithms_needing(given) if a not in algorithms]
@@ -135,23 +127,30 @@ def run(args: argparse.Namespace) -> int:
     for index, nbytes in enumerate(sizes):
         if index:
             print()
-        print(render_table(nbytes, world_sizes, algorithms, params, local, given, network=network))
+        print(render_table(nbytes, world_sizes, algorithms, links, given, network=network))
     return 0
 
 
-def two_tier_network(placement: str | None, params: dict, local: dict) -> TwoTier | None:
-    """``--placement`` as a :class:`TwoTier` network (``None`` without it): ``G`` or ``N0,N1,...``."""
+def links_from_flags(args: argparse.Namespace, *, gamma: float = 0.0) -> Links:
+    """``--latency``, ``--bandwidth`` (and ``--local-latency``, ``--local-bandwidth``: the links
+    inside a node, each defaulting to the other tier's) as the network's one value."""
+    alpha, beta = parse_time(args.latency), 1 / parse_bandwidth(args.bandwidth)
+    local = None
+    if args.local_latency or args.local_bandwidth:
+        local = Links(parse_time(args.local_latency) if args.local_latency else alpha,
+                      1 / parse_bandwidth(args.local_bandwidth) if args.local_bandwidth else beta)
+    return Links(alpha, beta, gamma, local=local)
+
+
+def two_tier_network(placement: str | None, links: Links) -> TwoTier | None:
+    """``--placement`` as a :class:`TwoTier` network on ``links`` (``None`` without it): ``G`` or ``N0,N1,...``."""
     if placement is None:
         return None
     nodes = [int(word) for word in placement.split(",")]
     where = {"ranks_per_node": nodes[0]} if len(nodes) == 1 else {"placement": tuple(nodes)}
     if len(nodes) == 1 and nodes[0] < 1:
         raise ValueError(f"--placement {placement}: a node holds at least one rank")
-    return TwoTier(
-        alpha=params["alpha"], beta=params["beta"], gamma=params["gamma"],
-        local_alpha=params["alpha"] if local["local_alpha"] is None else local["local_alpha"],
-        local_beta=params["beta"] if local["local_beta"] is None else local["local_beta"], **where,
-    )
+    return TwoTier(links, **where)
 
 
 def priced_without_options() -> list[str]:
@@ -188,21 +187,22 @@ def row_name(algorithm: str, options: Mapping[str, object]) -> str:
     return f"{algorithm} ({', '.join(shown)})" if shown else algorithm
 
 
-def render_table(nbytes, world_sizes, algorithms, params, local, given: Mapping[str, object], *,
+def render_table(nbytes, world_sizes, algorithms, links: Links, given: Mapping[str, object], *,
                  network: TwoTier | None = None) -> str:
     """The table for one size plus the lines that explain it; ``given``: the options given on
     the command line, each row taking those of its algorithm; ``network``: two tiers, every
     row priced on it."""
-    gamma = f", gamma {params['gamma'] * 1e12:.3g} ps/B" if params["gamma"] else ""
+    gamma = f", gamma {links.gamma * 1e12:.3g} ps/B" if links.gamma else ""
     lines = [
-        f"all-reduce of {format_size(nbytes)} per rank: alpha {format_seconds(params['alpha'])}, "
-        f"bandwidth {format_bytes(1 / params['beta'])}/s{gamma}",
+        f"all-reduce of {format_size(nbytes)} per rank: alpha {format_seconds(links.alpha)}, "
+        f"bandwidth {format_bytes(1 / links.beta)}/s{gamma}",
     ]
     if network is not None:
         where = (f"nodes of {network.ranks_per_node} ranks" if network.placement is None
                  else f"nodes {', '.join(map(str, network.placement))}")
+        inside = network.links.inside
         lines[0] = (f"{lines[0]} per node's uplink, shared by its ranks ({where}); inside a node alpha "
-                    f"{format_seconds(network.local_alpha)}, bandwidth {format_bytes(1 / network.local_beta)}/s")
+                    f"{format_seconds(inside.alpha)}, bandwidth {format_bytes(1 / inside.beta)}/s")
     header = ["algorithm"] + [f"p={p}" for p in world_sizes]
     rows = [header]
     for algorithm in algorithms:
@@ -216,13 +216,13 @@ def render_table(nbytes, world_sizes, algorithms, params, local, given: Mapping[
                 if network is not None:
                     cells.append(format_seconds(network.predict(algorithm, nbytes, p, **options)))
                 else:
-                    cells.append(format_seconds(predict(algorithm, nbytes, p, **params, **local, **options)))
+                    cells.append(format_seconds(predict(algorithm, nbytes, p, links, **options)))
             except ValueError:  # no formula, or options that do not fit p ranks (a node size not dividing p)
                 cells.append("-")
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
-    notes = explain(nbytes, world_sizes, params, given) if network is None else [
+    notes = explain(nbytes, world_sizes, links, given) if network is None else [
         "", "two tiers: a step that crosses nodes waits for the busiest uplink, which carries every crossing "
         "hop of its node's ranks; the ring pushes 2(p-1)/p*n*h through it (h: its hops leaving one node, 1 when "
         "ranked node by node), hierarchical 2(N-1)/N*n on N nodes (docs/algorithms.md, Two tiers).",
@@ -232,10 +232,10 @@ def render_table(nbytes, world_sizes, algorithms, params, local, given: Mapping[
     return "\n".join(lines)
 
 
-def explain(nbytes: float, world_sizes: list[int], params: dict, given: Mapping[str, object] | None = None) -> list[str]:
+def explain(nbytes: float, world_sizes: list[int], links: Links, given: Mapping[str, object] | None = None) -> list[str]:
     """How the ring's time grows with p at this size (barely when bandwidth-bound, steeply when
     latency-bound), and below which size the tree beats it (with the tree's options in ``given``)."""
-    alpha, beta, gamma = params["alpha"], params["beta"], params["gamma"]
+    alpha, beta, gamma = links.alpha, links.beta, links.gamma
     low, high = min(world_sizes), max(world_sizes)
     if high < 2:
         return ["", "one rank: nothing to communicate."]
@@ -243,11 +243,11 @@ def explain(nbytes: float, world_sizes: list[int], params: dict, given: Mapping[
     ring = {p: coefficients("ring", p, **ring_options) for p in (low, high)}
     sent = {p: format_seconds(ring[p][1] * nbytes * beta) for p in (low, high)}
     latency = {p: format_seconds(ring[p][0] * alpha) for p in (low, high)}
-    smallest = predict("ring", nbytes, max(low, 2), **params, **ring_options)
-    growth = predict("ring", nbytes, high, **params, **ring_options) / smallest if smallest > 0 else 1.0
+    smallest = predict("ring", nbytes, max(low, 2), links, **ring_options)
+    growth = predict("ring", nbytes, high, links, **ring_options) / smallest if smallest > 0 else 1.0
     if growth < 1.5:  # bandwidth-bound: the lesson of the article's table
         # The table's cells are the whole time: say how the two parts named here add up to them.
-        total = {p: format_seconds(predict("ring", nbytes, p, **params, **ring_options)) for p in (low, high)}
+        total = {p: format_seconds(predict("ring", nbytes, p, links, **ring_options)) for p in (low, high)}
         ring_line = (
             f"ring barely grows with p: each rank sends 2(p-1)/p of the buffer, {sent[low]} at p={low} and "
             f"{sent[high]} at p={high}, never more than 2n/B = {format_seconds(2 * nbytes * beta)}; only its "

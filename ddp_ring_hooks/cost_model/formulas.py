@@ -24,15 +24,80 @@ its own (a rank may receive from two peers at once), the same rule as
 :func:`~ddp_ring_hooks.cost_model.simulate`, and the tests check each one against the steps
 and bytes of the schedule it describes. Links that share a NIC or a node's uplink are
 priced by :mod:`.two_tier` and by ``simulate(..., shared_uplinks=True)``.
+
+**One network value.** What the links cost is one :class:`Links`::
+
+    time = messages·α + n·(bytes·β + (reduced + cast)·γ)   the links between nodes (every link, on one tier)
+         + local_messages·α_l + n·local_bytes·β_l          the links inside a node (``local``; default: the same)
+
+``α`` seconds per message, ``β`` per byte, ``γ`` per reduced or cast byte (a narrower wire's
+casts, :func:`on_the_wire`, are passes over the buffer like an addition's), and, for two tiers, the
+links inside a node (``local``, a ``Links`` of its own). Every caller prices with it:
+:func:`price` and :func:`predict`, a fit (:func:`~.fit.fit` returns one; ``Calibration`` is its
+name there), a :class:`~.two_tier.TwoTier` network (the ``Links`` whose uplinks each node's ranks
+share, and where the ranks are), ``auto``'s choice, and the advisor's ``Network`` (a ``Links``
+per algorithm). A new term is one more field of ``Links`` and one more product in
+:meth:`Links.price`, as the casts of a compressed wire were (priced with ``γ``: ``cast·γ``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ..schedules import CostTerms, get_algorithm, is_narrow, resolve_options, shape_options, wire_ratio
 from ..schedules.wire import CAST_PASSES
+
+
+@dataclass(frozen=True, slots=True)
+class Links:
+    """α, β, γ of the links (between nodes, or all of them), and the links inside a node.
+
+    Example::
+
+        >>> Links(5e-6, 1 / 25e9)                                   # one tier: 5 µs, 25 GB/s
+        >>> Links(200e-6, 1 / 50e6, local=Links(50e-6, 1 / 1e9))    # uplinks 400 Mbit/s, nodes 1 GB/s
+    """
+
+    alpha: float
+    beta: float
+    gamma: float = 0.0
+    local: Links | None = None
+
+    def __post_init__(self) -> None:
+        if min(self.alpha, self.beta, self.gamma) < 0:
+            raise ValueError("alpha, beta and gamma must be non-negative")
+
+    @property
+    def inside(self) -> Links:
+        """The links inside a node (these, where no ``local`` is given)."""
+        return self.local if self.local is not None else self
+
+    def price(self, terms: CostTerms, nbytes: float) -> float:
+        """Seconds for ``terms`` on an ``nbytes`` buffer (see the module docstring)."""
+        if nbytes < 0:
+            raise ValueError("nbytes must be non-negative")
+        n, inside = float(nbytes), self.inside
+        return (
+            terms.messages * self.alpha + n * (terms.bytes * self.beta + (terms.reduced + terms.cast) * self.gamma)
+            + terms.local_messages * inside.alpha + n * terms.local_bytes * inside.beta
+        )
+
+    def predict(self, algorithm: str, nbytes: float, world_size: int, **options) -> float:
+        """:func:`predict` on these links."""
+        return predict(algorithm, nbytes, world_size, self, **options)
+
+
+def links_of(links: Links | None, alpha: float | None, beta: float | None, gamma: float) -> Links:
+    """``links``, or the one a caller spelled as ``alpha=, beta=`` (and ``gamma=``): one of the two."""
+    if links is not None:
+        if alpha is not None or beta is not None or gamma:
+            raise TypeError("give the network as links=Links(...) or as alpha=, beta= (gamma=), not both")
+        return links
+    if alpha is None or beta is None:
+        raise TypeError("give the network: links=Links(alpha, beta, ...), or alpha= and beta=")
+    return Links(alpha, beta, gamma)
 
 
 def cost_terms(algorithm: str, world_size: int, *, nbytes: float = 0, **options) -> CostTerms:
@@ -71,51 +136,31 @@ def predict(
     algorithm: str,
     nbytes: float,
     world_size: int,
+    links: Links | None = None,
     *,
-    alpha: float,
-    beta: float,
+    alpha: float | None = None,
+    beta: float | None = None,
     gamma: float = 0.0,
-    local_alpha: float | None = None,
-    local_beta: float | None = None,
     **options,
 ) -> float:
-    """Predicted seconds to all-reduce ``nbytes`` per rank over ``world_size`` ranks.
-
-    ``alpha`` is seconds per message, ``beta`` seconds per byte (1 / bandwidth), ``gamma``
-    seconds per reduced byte. ``local_alpha``/``local_beta`` price links inside a node
-    (hierarchical; default: the global ones). ``options`` are the algorithm's own (e.g.
-    ``segments=`` for tree, ``local_size=`` for hierarchical, default ``LOCAL_WORLD_SIZE``).
+    """Predicted seconds to all-reduce ``nbytes`` per rank over ``world_size`` ranks on ``links``
+    (or, on one tier, ``alpha=`` seconds per message, ``beta=`` seconds per byte and ``gamma=``
+    seconds per reduced byte: the same as ``Links(alpha, beta, gamma)``). ``options`` are the
+    algorithm's own (e.g. ``segments=`` for tree, ``local_size=`` for hierarchical, default
+    ``LOCAL_WORLD_SIZE``); hierarchical prices its links inside a node with ``links.local``.
 
     Example::
 
         >>> predict("ring", 1e9, 64, alpha=5e-6, beta=1e-11)   # 1 GB at 100 GB/s
         0.0203...
     """
-    terms = cost_terms(algorithm, world_size, nbytes=nbytes, **options)
-    return price(terms, nbytes, alpha=alpha, beta=beta, gamma=gamma, local_alpha=local_alpha, local_beta=local_beta)
+    links = links_of(links, alpha, beta, gamma)
+    return price(cost_terms(algorithm, world_size, nbytes=nbytes, **options), nbytes, links)
 
 
-def price(
-    terms: CostTerms,
-    nbytes: float,
-    *,
-    alpha: float,
-    beta: float,
-    gamma: float = 0.0,
-    local_alpha: float | None = None,
-    local_beta: float | None = None,
-) -> float:
-    """Seconds for ``terms`` on an ``nbytes`` buffer: ``messages·α + n·(bytes·β + (reduced + cast)·γ)
-    + local_messages·α_l + n·local_bytes·β_l`` (``α_l, β_l`` default to ``α, β``)."""
-    if nbytes < 0 or min(alpha, beta, gamma) < 0:
-        raise ValueError("nbytes, alpha, beta and gamma must be non-negative")
-    n = float(nbytes)
-    a_l = alpha if local_alpha is None else local_alpha
-    b_l = beta if local_beta is None else local_beta
-    return (
-        terms.messages * alpha + n * (terms.bytes * beta + (terms.reduced + terms.cast) * gamma)
-        + terms.local_messages * a_l + n * terms.local_bytes * b_l
-    )
+def price(terms: CostTerms, nbytes: float, links: Links) -> float:
+    """Seconds for ``terms`` on an ``nbytes`` buffer on ``links`` (:meth:`Links.price`)."""
+    return links.price(terms, nbytes)
 
 
 def coefficients(algorithm: str, world_size: int, *, nbytes: float = 0, **options) -> tuple[float, float, float]:

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 
 from ..schedules import Op, Schedule, is_narrow, wire_ratio
 from ..schedules.wire import CAST_PASSES
+from .formulas import Links, links_of
 
 
 def count_steps(schedule: Schedule) -> int:
@@ -53,22 +54,24 @@ def bytes_sent_per_rank(schedule: Schedule, nbytes: float) -> tuple[float, ...]:
 def simulate(
     schedule: Schedule,
     nbytes: float,
+    links: Links | None = None,
     *,
-    alpha: float,
-    beta: float,
+    alpha: float | None = None,
+    beta: float | None = None,
     gamma: float = 0.0,
     placement: Sequence[int] | None = None,
-    local_alpha: float | None = None,
-    local_beta: float | None = None,
     shared_uplinks: bool = False,
 ) -> float:
-    """Seconds the schedule takes in the α-β-γ model, step by step (see the module docstring).
+    """Seconds the schedule takes in the α-β-γ model on ``links`` (or ``alpha=``, ``beta=``,
+    ``gamma=`` on one tier), step by step (see the module docstring).
 
     With ``placement`` (the node of each rank: ``placement[r]``; nodes of ``G`` consecutive
     ranks are ``[r // G for r in range(p)]``), a link between ranks of the same node costs
-    ``local_alpha``/``local_beta`` (default: ``alpha``/``beta``); with ``shared_uplinks`` too,
-    the links between nodes share each node's uplink (``alpha``/``beta`` are the uplink's).
+    ``links.inside`` (``links.local``, default the same); with ``shared_uplinks`` too, the
+    links between nodes share each node's uplink (``links``' α, β are the uplink's).
     """
+    links = links_of(links, alpha, beta, gamma)
+    alpha, beta, gamma, inside = links.alpha, links.beta, links.gamma, links.inside
     if shared_uplinks and placement is None:
         raise ValueError("shared_uplinks needs placement: the node of each rank (range(p) for one NIC per rank)")
     chunk = nbytes / schedule.num_chunks
@@ -92,8 +95,8 @@ def simulate(
         slowest = 0.0
         for (src, dst), (moved, reduced) in links.items():
             local = placement is not None and placement[src] == placement[dst]
-            a = local_alpha if local and local_alpha is not None else alpha
-            b = local_beta if local and local_beta is not None else beta
+            a = inside.alpha if local else alpha
+            b = inside.beta if local else beta
             if shared_uplinks and not local:
                 moved = max(leaving[placement[src]], entering[placement[dst]])
             slowest = max(slowest, a + moved * b + reduced * gamma)

@@ -34,8 +34,8 @@ uplink (with one NIC per rank instead, each carries its own ``2(N-1)/(NG) · n``
 registry's ``hierarchical_cost``). Pipelined in ``k`` segments it pays ``2(N-1)k`` uplink
 latencies and hides all but ``2(G-1)/k`` of its intra-node bytes behind the uplink.
 
-A network of this shape is described by :class:`TwoTier` (the uplink's ``α, β``, the links
-inside a node, which rank is on which node); ``TwoTier.predict`` prices any algorithm on it,
+A network of this shape is described by :class:`TwoTier` (its :class:`~.formulas.Links`: the
+uplink's ``α, β``, the links inside a node; which rank is on which node); ``TwoTier.predict`` prices any algorithm on it,
 for ``model --placement``, ``auto``'s ``network=`` and the advisor.
 """
 
@@ -50,7 +50,7 @@ from ..schedules import (
     CostTerms, Op, RingCrossings, Schedule, build_schedule, formula_for, get_algorithm, hierarchical_uplink_cost,
     resolve_options, ring_crossings, ring_uplink_cost, shape_options,
 )
-from .formulas import on_the_wire, price
+from .formulas import Links, on_the_wire, price
 
 __all__ = [
     "RingCrossings", "TwoTier", "UplinkTraffic", "hierarchical_uplink_cost", "ring_crossings", "ring_uplink_cost",
@@ -119,29 +119,25 @@ def uplink_terms(schedule: Schedule, placement: Sequence[int]) -> CostTerms:
 
 @dataclass(frozen=True, slots=True)
 class TwoTier:
-    """A two-tier network: each node's ranks share one uplink (``alpha``, ``beta``: seconds per
-    message, per byte), links inside a node cost ``local_alpha``, ``local_beta``.
+    """A two-tier network: ``links`` (:class:`~.formulas.Links`), whose α, β are each node's
+    uplink, shared by the node's ranks, and whose ``local`` are the links inside a node.
 
     Which rank is on which node: ``placement`` (the node of each rank, e.g. ``(0, 1, 0, 1)``),
     or ``ranks_per_node`` (nodes of that many consecutive ranks, for any world size). The
     lab's two-tier network at 400 Mbit/s, nodes of 2::
 
-        >>> TwoTier(alpha=100e-6, beta=1 / 50e6, local_alpha=20e-6, local_beta=1 / 1e9, ranks_per_node=2)
+        >>> TwoTier(Links(100e-6, 1 / 50e6, local=Links(20e-6, 1 / 1e9)), ranks_per_node=2)
     """
 
-    alpha: float
-    beta: float
-    local_alpha: float
-    local_beta: float
+    links: Links
     placement: tuple[int, ...] | None = None
     ranks_per_node: int | None = None
-    gamma: float = 0.0
 
     def __post_init__(self) -> None:
         if (self.placement is None) == (self.ranks_per_node is None):
             raise ValueError("TwoTier needs the ranks' nodes: give placement=(node of each rank) or ranks_per_node=G, not both")
-        if min(self.alpha, self.beta, self.local_alpha, self.local_beta, self.gamma) < 0:
-            raise ValueError("a TwoTier network's latencies and seconds per byte must be >= 0")
+        if not isinstance(self.links, Links):
+            raise TypeError(f"TwoTier takes its links as a Links(alpha, beta, local=Links(...)), got {self.links!r}")
         if self.placement is not None:
             object.__setattr__(self, "placement", tuple(self.placement))
 
@@ -162,10 +158,7 @@ class TwoTier:
 
     def predict(self, algorithm: str, nbytes: float, world_size: int, **options) -> float:
         """Predicted seconds to all-reduce ``nbytes`` with ``algorithm`` (its ``options``) here."""
-        return price(
-            self.terms(algorithm, nbytes, world_size, **options), nbytes, alpha=self.alpha, beta=self.beta,
-            gamma=self.gamma, local_alpha=self.local_alpha, local_beta=self.local_beta,
-        )
+        return price(self.terms(algorithm, nbytes, world_size, **options), nbytes, self.links)
 
 
 def two_tier_terms(algorithm: str, world_size: int, placement: Sequence[int], *, nbytes: float = 0, **options) -> CostTerms:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from ..advisor import advise, format_advice, hierarchy_note, ring_order_note, step_model
 from ..advisor.advice import ring_order_of_run
-from ..schedules import checked_schedule, schedule_nodes
+from ..runtime.names import has_schedule
+from ..schedules import checked_schedule, grouped_by_size, has_ring_order, schedule_nodes
 
 
 def advice_table(records: list) -> str:
@@ -29,14 +30,15 @@ def advice_text(state) -> str:
 
 
 def ring_order_line(state) -> str | None:
-    """``ring order: the ring crosses the node boundary 4 times; ...`` for a ring whose ranks'
-    nodes are known and which crosses them more than it must (priced with the run's own buckets
-    when its timeline has steps, else by the bytes alone), or the hierarchy's note when its nodes
-    are not the ranks' (:func:`placement_warning`); ``None`` otherwise."""
+    """``ring order: the ring crosses the node boundary 4 times; ...`` for an algorithm with a
+    ring order (its registry record declares one) whose ranks' nodes are known and which crosses
+    them more than it must (priced with the run's own buckets when its timeline has steps, else
+    by the bytes alone), or the hierarchy's note when its nodes are not the ranks'
+    (:func:`placement_warning`); ``None`` otherwise."""
     hierarchy = placement_warning(state)
     if hierarchy is not None:
         return f"ring order: {hierarchy}"
-    if state.algorithm != "ring":
+    if not has_ring_order(state.algorithm_options):  # native, tree, ..., or auto's mix
         return None
     try:
         note = ring_order_of_run(step_model(state.timeline.records()))
@@ -47,9 +49,12 @@ def ring_order_line(state) -> str | None:
 
 
 def placement_warning(state) -> str | None:
-    """For ``hierarchical``, when the nodes its schedule groups are not the ranks' nodes (as
-    the ranks said: ``GROUP_RANK``): what the hook state warns of when it is built."""
-    if state.algorithm != "hierarchical" or state.nodes is None:
+    """For an algorithm whose schedule groups the ranks into nodes of its own (``local_size``:
+    hierarchical), when those are not the ranks' nodes (as the ranks said: ``GROUP_RANK``): what
+    the hook state warns of when it is built."""
+    if not has_schedule(state.algorithm) or state.nodes is None:
         return None
     schedule = checked_schedule(state.algorithm, state.world_size, **state.algorithm_options)
+    if not grouped_by_size(schedule):
+        return None
     return hierarchy_note(schedule_nodes=schedule_nodes(schedule), nodes=state.nodes)

@@ -27,6 +27,10 @@ resumed run builds its buckets anew and checks them again).
 Loading restores the step counter and, where it applies, the calibration and the residuals. The algorithm, its
 options and the telemetry stay as the resumed script registered them: they may differ on
 purpose (say, after following the advisor), and a difference is named in a warning.
+
+This dict is the one durable, versioned format. A pickle (a spawned process, a deep copy) is
+not one: :class:`Checkpointing` pickles the state's options and counters without its process
+group, threads or watchers, for the same version of this package to load.
 """
 
 from __future__ import annotations
@@ -42,9 +46,36 @@ from ..cost_model import Calibration
 FORMAT = 1
 
 
+class Checkpointing:
+    """``HookState``'s part of a checkpoint and of a pickle (see the module docstring)."""
+
+    __slots__ = ()
+    #: What a pickle keeps (process groups and threads cannot be pickled; they are rebuilt on load).
+    _PICKLED = ("algorithm", "algorithm_options", "iteration", "observation", "concurrent_buckets", "plan",
+                "check_layout_steps")
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of this state, as plain values (``accelerator.register_for_checkpointing(state)``
+        works with it); what is saved and what deliberately not: :mod:`~ddp_ring_hooks.hooks.checkpoint`."""
+        return state_dict_of(self)
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        """Continue from a :meth:`state_dict`: the step counter, and ``auto``'s calibration where
+        it applies; the algorithm and telemetry stay as registered (see :mod:`~ddp_ring_hooks.hooks.checkpoint`)."""
+        load_state_dict_into(self, state_dict)
+
+    def __getstate__(self) -> dict:
+        return {name: getattr(self, name) for name in self._PICKLED}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._restarted(process_group=None)
+
+
 def state_dict_of(state) -> dict:
     """The checkpoint dict of a :class:`~ddp_ring_hooks.HookState` (see the module docstring)."""
-    auto = state._auto
+    auto = state.plan.selector
     return {
         "format": FORMAT,
         "iteration": state.iteration,
@@ -56,7 +87,7 @@ def state_dict_of(state) -> dict:
             "calibration": {a: [c.alpha, c.beta, c.gamma] for a, c in auto.calibration.items()},
         },
         "telemetry": _plain_telemetry_options(state.telemetry.options),
-        "error_feedback": None if state._feedback is None else state._feedback.state_dict(),
+        "error_feedback": None if state.plan.feedback is None else state.plan.feedback.state_dict(),
     }
 
 
@@ -69,8 +100,8 @@ def load_state_dict_into(state, saved: Mapping) -> None:
             "HookState.state_dict() saved, e.g. accelerator.load_state of a save_state that registered the state"
         )
     state.iteration = int(saved["iteration"])
-    if state._feedback is not None and saved.get("error_feedback") is not None:
-        state._feedback.load_state_dict(saved["error_feedback"])
+    if state.plan.feedback is not None and saved.get("error_feedback") is not None:
+        state.plan.feedback.load_state_dict(saved["error_feedback"])
     ran, runs = (saved["algorithm"], saved["algorithm_options"]), (state.algorithm, _reduction_options(state))
     if ran != runs:
         warnings.warn(
@@ -78,7 +109,7 @@ def load_state_dict_into(state, saved: Mapping) -> None:
             f"{runs[1] or 'no options'}, as registered (only the step counter was restored)", stacklevel=3,
         )
         return
-    calibrated, selector = saved["auto"], state._auto
+    calibrated, selector = saved["auto"], state.plan.selector
     if calibrated is None or selector is None:
         return
     if calibrated["world_size"] != selector.world_size or tuple(calibrated["candidates"]) != selector.candidates:
@@ -88,7 +119,7 @@ def load_state_dict_into(state, saved: Mapping) -> None:
             f"{', '.join(selector.candidates)}, so it keeps its own probe's calibration", stacklevel=3,
         )
         return
-    state._auto = selector.recalibrated(
+    state.plan.selector = selector.recalibrated(
         {a: Calibration(*values) for a, values in calibrated["calibration"].items()}
     )
 

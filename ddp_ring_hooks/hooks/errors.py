@@ -1,7 +1,10 @@
 """The error a DDP hook raises when it cannot reduce a bucket (what :mod:`~ddp_ring_hooks.runtime.errors`
-cannot know: which hook, which bucket of which iteration)."""
+cannot know: which hook, which bucket of which iteration), and a hook state's record of them
+(:class:`Failures`: the first one refuses every later bucket)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from ..runtime.errors import RECOVERY_ADVICE, CommunicationError, StepFailedError
 
@@ -47,3 +50,33 @@ class HookFailedError(CommunicationError):
         if stalled is not None and stalled not in detail:
             detail += f"\nThe stall watchdog had found: {stalled}"
         super().__init__(f"{where}: {detail}\n{RECOVERY_ADVICE}")
+
+
+class Failures:
+    """A hook state's failures, named: the first one is remembered (the group is unusable after
+    it), and every later bucket is refused with it at once instead of waiting for the timeout
+    again. ``stalled``: the stall watchdog's latest finding while a bucket waits too long (a
+    peer that gave up on the stalled rank closes its connections, and a bucket's own error
+    would name that peer, not the stalled rank)."""
+
+    def __init__(self, stalled: Callable[[], str | None] = lambda: None) -> None:
+        self.stalled = stalled
+        self.first: CommunicationError | None = None
+
+    def refuse_after_first(self, algorithm: str, bucket: int, iteration: int) -> None:
+        """Raise at once when an earlier bucket failed."""
+        if self.first is not None:
+            raise CommunicationError(
+                f"ring_hook ({algorithm}): bucket {bucket} of iteration {iteration} was not reduced because an "
+                f"earlier one failed: {self.first}"
+            )
+
+    def named(self, algorithm: str, buffer, bucket: int, iteration: int, error: BaseException) -> HookFailedError:
+        """``error`` as the hook's failure of this bucket (remembered if it is the first)."""
+        failure = HookFailedError(
+            hook="ring_hook", algorithm=algorithm, bucket=bucket, iteration=iteration, numel=buffer.numel(),
+            dtype=str(buffer.dtype).removeprefix("torch."), cause=error, stalled=self.stalled(),
+        )
+        if self.first is None:
+            self.first = failure
+        return failure

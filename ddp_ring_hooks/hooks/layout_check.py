@@ -27,7 +27,7 @@ with different numbers of buckets at the first bucket where they differ.
 Cost: one all-gather of ``8 * world_size`` integers per bucket, on the hook's thread before the
 bucket is queued (so it stays in the same order as DDP's own collectives on every rank). On
 CUDA it runs on a gloo control group with the same ranks
-(:func:`~ddp_ring_hooks.runtime.cuda_lane.control_group`): host messages only, no CUDA tensor
+(the group context's :meth:`~ddp_ring_hooks.runtime.group_context.GroupContext.control_group`): host messages only, no CUDA tensor
 to copy back, so no host sync with the GPU. :class:`~ddp_ring_hooks.HookState` runs it
 for its first ``check_layout_steps`` iterations only (default 2: DDP's first iteration uses
 one big bucket, the second the rebuilt ones), then never again.
@@ -97,7 +97,7 @@ class BucketLayout:
 def check_bucket_layout(layout: BucketLayout, *, group: dist.ProcessGroup | None, iteration: int) -> None:
     """All-gather ``layout`` over ``group``; raise :class:`BucketLayoutMismatchError` on every
     rank if any two ranks differ."""
-    rows = all_gather_ints(layout.as_row(), group)
+    rows = all_gather_ints(layout.as_row(), group, device="cpu")  # the control group: CPU tensors
     if any(other != rows[0] for other in rows[1:]):
         raise BucketLayoutMismatchError(describe_mismatch(rows, iteration=iteration), rows)
 

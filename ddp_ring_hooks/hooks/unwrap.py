@@ -11,7 +11,10 @@ Each wrapper is an ``nn.Module`` that holds the DDP as a submodule, so one walk 
 submodules finds it without knowing any framework: :func:`find_ddp` goes down from the
 model, stops at each DDP it meets (a DDP's own submodules are the user's model) and wants
 exactly one. When there is none it says what it found instead (FSDP, ``DataParallel``, a
-single process that nobody wrapped), because that is where the fix lies.
+single process that nobody wrapped), because that is where the fix lies. And the DDP it found
+must hold every trainable parameter of the model: ``nn.Sequential(DDP(a), nn.Linear(4, 4))``
+trains the second layer on each rank's own gradients, never averaged, so the ranks drift apart
+without a word; that is refused, naming the parameters and the fix.
 """
 
 from __future__ import annotations
@@ -45,7 +48,24 @@ def find_ddp(model: object) -> DistributedDataParallel:
         )
     if not found:
         raise ValueError(f"found no DistributedDataParallel in {_described(model)}; {_advice_for(model)}")
-    return found[0][1]
+    path, ddp = found[0]
+    _check_holds_every_parameter(model, path, ddp)
+    return ddp
+
+
+def _check_holds_every_parameter(model: nn.Module, path: str, ddp: DistributedDataParallel) -> None:
+    """Refuse a model with trainable parameters outside the DDP at ``path``: nothing averages
+    their gradients (wrappers that share the DDP's parameters, like ``torch.compile``'s, pass)."""
+    inside = {id(parameter) for parameter in ddp.parameters()}
+    outside = [name for name, parameter in model.named_parameters() if parameter.requires_grad and id(parameter) not in inside]
+    if outside:
+        shown = ", ".join(outside[:4]) + (f" and {len(outside) - 4} more" if len(outside) > 4 else "")
+        raise ValueError(
+            f"{type(model).__name__} has trainable parameters outside the DistributedDataParallel at {path!r} "
+            f"({shown}): their gradients would never be averaged across ranks, and the ranks would drift apart; "
+            "wrap the whole model in one DistributedDataParallel (DDP(nn.Sequential(...)), not nn.Sequential(DDP(...), ...)), "
+            "or freeze those parameters (requires_grad_(False))"
+        )
 
 
 def _outermost_ddps(model: nn.Module) -> list[tuple[str, DistributedDataParallel]]:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..runtime import names
+from ..runtime.collectives import check_device_backend
 from ..runtime.wire import wire_dtype_for
 from ..schedules import checked_schedule
 
@@ -97,6 +98,13 @@ def validate_group(group: dist.ProcessGroup | None) -> None:
             f"{' and '.join(SUPPORTED_BACKENDS)}. Create the group with backend='gloo' (CPU "
             "tensors) or backend='nccl' (CUDA tensors)"
         )
+
+
+def validate_bucket_on(buffer: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    """The first buckets' part: ``group`` can carry the hook (:func:`validate_group`), and its
+    backend carries tensors of ``buffer``'s device."""
+    validate_group(group)
+    check_device_backend(buffer.device.type, str(dist.get_backend(group)))
 
 
 def validate_algorithm(algorithm: str, world_size: int, options: dict) -> None:

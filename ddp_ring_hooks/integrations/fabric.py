@@ -23,7 +23,6 @@ This is the only module of the package that imports Lightning Fabric.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy
@@ -31,17 +30,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..hooks import HookState, register
+from ..hooks.options import check_register_options, parameter_names, split_options
 
 STRATEGY_NAME = "ddp_ring"
 
 #: Where each keyword goes: Fabric's DDPStrategy and DistributedDataParallel take these; every
-#: other keyword is one of :func:`ddp_ring_hooks.register`'s, checked when the hook is registered.
-_STRATEGY_KEYWORDS = frozenset(
-    name
-    for signature in (inspect.signature(DDPStrategy.__init__), inspect.signature(DistributedDataParallel.__init__))
-    for name, parameter in signature.parameters.items()
-    if parameter.kind is not inspect.Parameter.VAR_KEYWORD and name not in ("self", "module")
-)
+#: other keyword is one of :func:`ddp_ring_hooks.register`'s, checked when the strategy is built.
+_STRATEGY_KEYWORDS = parameter_names(DDPStrategy.__init__, DistributedDataParallel.__init__)
 
 
 class RingDDPFabricStrategy(DDPStrategy):
@@ -51,7 +46,8 @@ class RingDDPFabricStrategy(DDPStrategy):
         **options: what :func:`ddp_ring_hooks.register` takes (``algorithm=``, ``log_dir=``,
             ``log_every=``, ...), and what Fabric's ``DDPStrategy`` and
             ``DistributedDataParallel`` take (``process_group_backend=``, ``timeout=``,
-            ``bucket_cap_mb=``, ``find_unused_parameters=``, ...), each sent where it belongs.
+            ``bucket_cap_mb=``, ``find_unused_parameters=``, ...), each sent where it belongs;
+            the hook's are checked here (an unknown name, a bad value), not at ``fabric.setup``.
 
     After ``fabric.setup(model, ...)``, :attr:`hook_state` is that model's
     :class:`~ddp_ring_hooks.HookState` (``summary()``, ``advise()``, ``state_dict()`` for
@@ -63,8 +59,9 @@ class RingDDPFabricStrategy(DDPStrategy):
     """
 
     def __init__(self, **options: Any) -> None:
-        super().__init__(**{name: value for name, value in options.items() if name in _STRATEGY_KEYWORDS})
-        self.register_options = {name: value for name, value in options.items() if name not in _STRATEGY_KEYWORDS}
+        strategy, self.register_options = split_options(options, _STRATEGY_KEYWORDS)
+        check_register_options(**self.register_options)  # a typo fails here, not at fabric.setup
+        super().__init__(**strategy)
         self.hook_state: HookState | None = None
 
     def setup_module(self, module: nn.Module) -> DistributedDataParallel:

@@ -21,7 +21,8 @@ Three pieces, all opt-in::
 2. :class:`CommTimingLogger` sends the hook's telemetry (per-bucket and per-step
    communication time, bytes, bus bandwidth) into the Trainer's TensorBoard logger: the same
    run directory as the loss, on the same x axis (the optimizer step).
-3. :class:`ThroughputLogger` logs samples/s (and tokens/s) for every optimizer step.
+3. :class:`ThroughputLogger` logs samples/s (and tokens/s) for every optimizer step (measured
+   by :mod:`~ddp_ring_hooks.integrations.throughput`, which knows nothing of Lightning).
 
 How the steps line up with gradient accumulation (``accumulate_grad_batches=3``)::
 
@@ -45,29 +46,33 @@ This is the only module of the package that imports lightning.
 from __future__ import annotations
 
 import contextlib
-import statistics
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
+from torch.nn.parallel import DistributedDataParallel
+
 from ..hooks import HookState, register, ring_hook
 from ..hooks.advice import advice_text
+from ..hooks.options import check_register_options, parameter_names, split_options
 from ..hooks.register import reported_comm_hook
-from ..hooks.error_feedback import feedback_for
-from ..hooks.state import HOOK_OPTIONS, check_counts
-from ..runtime.names import check_algorithm_name, has_schedule
-from ..schedules import resolve_options
-from ..telemetry import TELEMETRY_OPTIONS, Sink, TelemetryOptions, TensorBoardSink
-from ..telemetry.options import collect_telemetry_options
+from ..telemetry import Sink, TensorBoardSink
 from ..telemetry.sinks import ADVICE_TAG, advice_panel
+from .throughput import StepThroughput, ThroughputMeter, ThroughputSummary, count_leading_dimension
+
+__all__ = [
+    "CommTimingLogger", "RingDDPStrategy", "StepThroughput", "ThroughputLogger", "ThroughputSummary",
+    "count_leading_dimension",
+]
 
 STRATEGY_NAME = "ddp_ring"
+
+#: Where each keyword goes: Lightning's DDPStrategy and DistributedDataParallel take these;
+#: every other keyword is one of :func:`ddp_ring_hooks.register`'s (as Fabric's strategy sorts them).
+_STRATEGY_KEYWORDS = parameter_names(DDPStrategy.__init__, DistributedDataParallel.__init__)
 
 # Lightning logs what the batches of optimizer step N (1-based) produced at x = N - 1 (its
 # step counter before that step). Comm and throughput of step N go to the same x.
@@ -77,18 +82,23 @@ LIGHTNING_STEP_OFFSET = -1
 class RingDDPStrategy(DDPStrategy):
     """``DDPStrategy`` whose gradients are averaged by :func:`~ddp_ring_hooks.ring_hook`.
 
+    Takes its options the way Fabric's :class:`~ddp_ring_hooks.integrations.fabric.RingDDPFabricStrategy`
+    does: every keyword goes where it belongs, by name.
+
     Args:
         algorithm: the all-reduce algorithm, one of :data:`ddp_ring_hooks.ALGORITHMS`, "native"
             (the group's own all-reduce with this hook's telemetry), or "auto".
-        algorithm_options: options of that algorithm's schedule builder.
-        **kwargs: every other :class:`~ddp_ring_hooks.HookState` option (``telemetry=``, the
-            telemetry fields ``log_dir``, ``log_every``, ``trace_steps``, ``per_rank``,
-            ``spread_every``, ``sinks``, ..., ``concurrent_buckets``, ``check_layout_steps``,
-            ``error_feedback`` (with ``algorithm_options={"wire_dtype": "bf16"}``),
-            ``observers``; see :func:`ddp_ring_hooks.register`; all watching is off by
-            default), and everything ``DDPStrategy`` takes (``bucket_cap_mb``,
+        algorithm_options: the algorithm's options, as a mapping; or give them as keywords
+            (``RingDDPStrategy(algorithm="tree", segments=4)``), not the same one both ways.
+        **options: what :func:`ddp_ring_hooks.register` takes (the algorithm's options,
+            ``telemetry=``, the telemetry fields ``log_dir``, ``log_every``, ``trace_steps``,
+            ``per_rank``, ``spread_every``, ``sinks``, ..., ``concurrent_buckets``,
+            ``check_layout_steps``, ``error_feedback`` (with ``wire_dtype="bf16"``),
+            ``observers``; all watching is off by default), and what
+            ``DDPStrategy`` and ``DistributedDataParallel`` take (``bucket_cap_mb``,
             ``process_group_backend``, ``timeout``, ``start_method``, ...), except the hook
-            arguments: this strategy owns DDP's single hook slot.
+            arguments: this strategy owns DDP's single hook slot. The hook's are checked here
+            (an unknown name, a bad value), not when ``fit`` starts.
 
     After ``trainer.fit`` starts, :attr:`hook_state` is the :class:`~ddp_ring_hooks.HookState`
     and :attr:`reported_comm_hook` what DDP reports as its hook (``"ring_hook"``).
@@ -96,6 +106,7 @@ class RingDDPStrategy(DDPStrategy):
     Example::
 
         >>> trainer = pl.Trainer(strategy=RingDDPStrategy(bucket_cap_mb=2), accelerator="cpu", devices=2)
+        >>> RingDDPStrategy(algorithm="hierarchical", local_size=2, log_dir="runs/h")
     """
 
     strategy_name = STRATEGY_NAME
@@ -105,27 +116,19 @@ class RingDDPStrategy(DDPStrategy):
         algorithm: str = "ring",
         *,
         algorithm_options: Mapping[str, Any] | None = None,
-        **kwargs: Any,
+        **options: Any,
     ) -> None:
         for owned in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
-            if kwargs.get(owned) is not None:
+            if options.get(owned) is not None:
                 raise ValueError(
                     f"RingDDPStrategy attaches its own hook, so it cannot take {owned}=; drop it, "
                     "or use lightning's DDPStrategy to run a different hook"
                 )
-        check_algorithm_name(algorithm)
-        if has_schedule(algorithm):  # a typo in the options fails here, not when fit starts
-            resolve_options(algorithm, algorithm_options)  # (auto and native: when the hook is built)
-        # The hook's options, sorted out of DDPStrategy's and checked here, not when fit starts.
-        telemetry_fields = {name: kwargs.pop(name) for name in TELEMETRY_OPTIONS if name in kwargs}
-        hook_options = {name: kwargs.pop(name) for name in HOOK_OPTIONS if name in kwargs}
-        self._telemetry: TelemetryOptions = collect_telemetry_options(hook_options.pop("telemetry", None), telemetry_fields)
-        check_counts(**{name: hook_options[name] for name in ("check_layout_steps", "concurrent_buckets") if name in hook_options})
-        feedback_for(hook_options.get("error_feedback", False), algorithm=algorithm, options=algorithm_options or {})
-        super().__init__(**kwargs)
+        strategy, hook = split_options(options, _STRATEGY_KEYWORDS)
+        self.register_options = {"algorithm": algorithm, "algorithm_options": algorithm_options, **hook}
+        check_register_options(**self.register_options)  # a typo fails here, not when fit starts
+        super().__init__(**strategy)
         self.algorithm = algorithm
-        self._algorithm_options = dict(algorithm_options or {})
-        self._hook_options = hook_options
         # Sinks added by callbacks (CommTimingLogger) for the current fit only: a second fit
         # brings its own logger, so they are dropped at teardown.
         self._fit_sinks: list[Sink] = []
@@ -151,9 +154,7 @@ class RingDDPStrategy(DDPStrategy):
         super().configure_ddp()  # registers nothing: this strategy never passes ddp_comm_hook
         if self.hook_state is not None:  # a second fit with the same strategy object
             self.hook_state.close()
-        self.hook_state = register(
-            self.model, algorithm=self.algorithm, telemetry=self._telemetry, **self._hook_options, **self._algorithm_options,
-        )
+        self.hook_state = register(self.model, **self.register_options)
         for sink in self._fit_sinks:
             self.hook_state.telemetry.add_sink(sink)
         self._fitting = True
@@ -268,68 +269,14 @@ class CommTimingLogger(pl.Callback):
             print(self._advice)
 
 
-@dataclass(frozen=True)
-class StepThroughput:
-    """What one optimizer step processed, over all ranks, and how long it took (wall clock)."""
-
-    step: int
-    micro_batches: int
-    samples: int
-    seconds: float
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.samples / self.seconds
-
-
-@dataclass(frozen=True)
-class ThroughputSummary:
-    """Several optimizer steps together: total samples over total wall-clock time.
-
-    ``median_step_seconds`` is the typical step: on a shared machine a few steps that another
-    process slowed down move the mean but not the median.
-    """
-
-    steps: int
-    samples: int
-    seconds: float
-    median_step_seconds: float
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.samples / self.seconds
-
-    @property
-    def median_samples_per_s(self) -> float:
-        """Samples/s of the median step."""
-        return self.samples / self.steps / self.median_step_seconds
-
-    @property
-    def step_ms(self) -> float:
-        return 1e3 * self.seconds / self.steps
-
-
-def count_leading_dimension(batch: Any) -> int:
-    """Samples in a batch: the first dimension of the batch, or of its first element."""
-    first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return len(first)
-
-
 class ThroughputLogger(pl.Callback):
-    """Log samples/s (and tokens/s) of every optimizer step; keep this fit's steps in :attr:`history`.
+    """Log samples/s (and tokens/s) of every optimizer step into the Trainer's loggers; keep this
+    fit's steps in :attr:`history` (the measuring itself: :class:`~.throughput.ThroughputMeter`).
 
     Not Lightning's ``ThroughputMonitor``: it synchronizes CUDA after every micro-batch (hiding
     the overlap being measured), logs only once a 100-batch window is full, and keeps no steps.
-
-    A step's time runs from the end of the previous optimizer step to the end of this one
-    (data loading, all its micro-batches, communication and the optimizer included). On CUDA
-    the step ends when the GPU gets there: a timing event is recorded on the current stream
-    at each step's end and read once it has completed (``query()``, never a synchronize, which
-    would stall the host every step and hide the very overlap being measured), so records
-    and their log lines arrive a step or two late, and the fit's end resolves the rest (one
-    synchronize per fit). Samples are counted on this
-    rank and multiplied by the world size (every rank gets equal micro-batches under
-    Lightning's DistributedSampler).
+    Samples are counted on this rank and multiplied by the world size (every rank gets equal
+    micro-batches under Lightning's DistributedSampler).
 
     Args:
         tokens_per_sample: also log tokens/s (e.g. the sequence length of a language model).
@@ -344,96 +291,31 @@ class ThroughputLogger(pl.Callback):
         batch_size_fn: Callable[[Any], int] = count_leading_dimension,
     ) -> None:
         self.tokens_per_sample = tokens_per_sample
-        self.batch_size_fn = batch_size_fn
-        self.history: list[StepThroughput] = []
-        self._window_start = 0.0
-        self._window_samples = 0
-        self._window_micro_batches = 0
-        self._last_step = 0
-        # CUDA: (start event, end event, record without seconds) of steps whose end the GPU has not reached.
-        self._in_flight: list[tuple[Any, Any, StepThroughput]] = []
-        self._window_event: Any = None
+        self.meter = ThroughputMeter(batch_size_fn=batch_size_fn)
+
+    @property
+    def history(self) -> list[StepThroughput]:
+        """This fit's steps, measured."""
+        return self.meter.history
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.history = []  # the steps of this fit
-        self._last_step = trainer.global_step
-        self._in_flight = []
-        self._start_window(_cuda_mark(pl_module.device) if pl_module.device.type == "cuda" else None)
+        self.meter.start(step=trainer.global_step, device=pl_module.device)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._window_samples += self.batch_size_fn(batch)
-        self._window_micro_batches += 1
-        if trainer.global_step == self._last_step:  # still accumulating
-            return
-        record = StepThroughput(
-            step=trainer.global_step,
-            micro_batches=self._window_micro_batches,
-            samples=self._window_samples * trainer.world_size,
-            seconds=time.perf_counter() - self._window_start,
-        )
-        self._last_step = trainer.global_step
-        if pl_module.device.type == "cuda":
-            start, end = self._window_event, _cuda_mark(pl_module.device)
-            self._in_flight.append((start, end, record))
-            self._start_window(end)
-            self._log_completed(trainer, wait=False)
-            return
-        self._start_window()
-        self._log(trainer, record)
+        for record in self.meter.micro_batch(batch, step=trainer.global_step, world_size=trainer.world_size):
+            self._log(trainer, record)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._log_completed(trainer, wait=True)  # the last steps' events: one synchronize per fit
-
-    def _log_completed(self, trainer: pl.Trainer, *, wait: bool) -> None:
-        """CUDA: turn the steps whose end event completed into records, oldest first."""
-        while self._in_flight:
-            start, end, record = self._in_flight[0]
-            if not wait and not end.query():
-                return
-            if wait:
-                end.synchronize()
-            self._in_flight.pop(0)
-            self._log(trainer, replace(record, seconds=start.elapsed_time(end) / 1e3))
+        for record in self.meter.finish():  # the last steps' CUDA events: one synchronize per fit
+            self._log(trainer, record)
 
     def _log(self, trainer: pl.Trainer, record: StepThroughput) -> None:
-        self.history.append(record)
-        metrics = {
-            "throughput/samples_per_s": record.samples_per_s,
-            "throughput/step_ms": 1e3 * record.seconds,
-            "throughput/micro_batches": float(record.micro_batches),
-        }
-        if self.tokens_per_sample:
-            metrics["throughput/tokens_per_s"] = record.samples_per_s * self.tokens_per_sample
+        metrics = record.metrics(tokens_per_sample=self.tokens_per_sample)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=record.step + LIGHTNING_STEP_OFFSET)
 
     def summarize(self, *, skip_steps: int = 0) -> ThroughputSummary:
         """The steps after the first ``skip_steps`` of this fit (warm-up: DDP's first step differs)."""
-        measured = self.history[skip_steps:]
-        if not measured:
-            raise ValueError(
-                f"no optimizer step left to measure after skipping {skip_steps} of {len(self.history)}; "
-                "train more steps or skip fewer"
-            )
-        return ThroughputSummary(
-            steps=len(measured),
-            samples=sum(record.samples for record in measured),
-            seconds=sum(record.seconds for record in measured),
-            median_step_seconds=statistics.median(record.seconds for record in measured),
-        )
-
-    def _start_window(self, event: Any = None) -> None:
-        # On CUDA the window also starts at an event (the previous step's end, or a fresh one).
-        self._window_event = event
-        self._window_start = time.perf_counter()
-        self._window_samples = 0
-        self._window_micro_batches = 0
-
-
-def _cuda_mark(device: torch.device) -> torch.cuda.Event:
-    """A timing event recorded now on ``device``'s current stream (no wait)."""
-    event = torch.cuda.Event(enable_timing=True)
-    event.record(torch.cuda.current_stream(device))
-    return event
+        return self.meter.summarize(skip_steps=skip_steps)

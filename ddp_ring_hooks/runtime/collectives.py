@@ -76,7 +76,7 @@ def all_gather_ints(
     """Every rank's ``values`` (the same length on every rank), by group rank. Collective.
 
     On CUDA the result is copied to the host (a sync): call it at registration, or on a gloo
-    group (the hook's layout check uses :func:`~ddp_ring_hooks.runtime.cuda_lane.control_group`)."""
+    group (the hook's layout check uses its group context's control group)."""
     world_size = dist.get_world_size(group)
     row = torch.tensor(list(values), dtype=torch.int64, device=device_of(group, device))
     if world_size == 1:

@@ -1,105 +1,59 @@
-"""The two directions of every pair of ranks on two gloo transports: the group, and one more.
+"""The two directions of a pair of ranks on two gloo transports: the group, and the pair's own.
 
-On CPU the executor sends a message from a lower to a higher rank of the group on the group's
-*upward* transport (:func:`upward_transport`: a gloo backend with the same ranks), and from a higher
-to a lower rank on the group itself. Sender and receiver decide alike (they compare the same
-two ranks), so both ends post every message on the same transport, with its usual tag::
+When messages cross a pair of ranks both ways (the ring at 2 ranks, halving-doubling's
+exchanges, a tree's reduce up and broadcast down, two lanes' buckets in different phases), the
+executor sends the message from the lower to the higher rank on a gloo transport of that pair
+alone (a 2-rank gloo backend), and the message the other way on the group itself. Sender and
+receiver decide alike (they compare the same two ranks, and both made the pair in the same
+collective setup), so both ends post every message on the same transport, with its usual tag::
 
-    rank 0  ══ upward ════>  rank 1      lower -> higher: the upward transport's socket
-    rank 0  <═══ group ════  rank 1      higher -> lower: the group's own socket
+    rank 0  ══ pair (0, 1) ══>  rank 1      lower -> higher: the pair's own socket
+    rank 0  <═══ group ═══════  rank 1      higher -> lower: the group's own socket
 
 Why. gloo keeps one pair object per pair of ranks and transport: one TCP socket and one lock
-(``gloo/transport/tcp/pair.cc``). When a step exchanges chunks with one peer (the ring at 2
-ranks, every step of halving-doubling, hierarchical's leaders) and both payloads cross one
-pair at once, whichever thread writes a payload holds the pair's lock, and the event loop that
-should read the other payload fails to take it and tries again at once, spinning. On a network
-the wire sets the pace and this does not show (what matters there is posting receives first,
-see :mod:`~ddp_ring_hooks.runtime.executor`); where copies set it (loopback, ranks on one
-machine) the receives-first order alone made the 2-rank ring spend measurably more CPU and
-time than posting sends first, and on two transports it is back to where it was
-(``docs/benchmarks.md`` has the measurements' commands). Collectives on the group (DDP's own,
-the arrivals gather) never touch the upward transport.
+(``gloo/transport/tcp/pair.cc``). A thread writing a payload holds the pair's lock; the event
+loop that should read the payload coming the other way fails to take it and tries again at
+once, spinning. Where copies set the pace (loopback) that alone made the 2-rank ring spend
+measurably more CPU and time (``docs/benchmarks.md``); and when both payloads are large
+enough to fill the sockets, both writers wait for readers that wait for their locks: two lanes
+of a tree at 2 ranks on one socket each way hung for good (a bucket's broadcast, 0 to 1,
+against the next one's reduce, 1 to 0; the stall watchdog named the cycle). On a socket per
+direction each lock has one writer.
 
-Cost: ``p - 1`` more sockets on every rank per process group the executor runs on; no thread
-(the upward backend shares the group's gloo device, whose event loop serves both). It is made
-where every rank of the group is present: by :func:`prepare` when a hook state is built (a
-first bucket making it would put a store round trip into the first backward pass), or at the
-first CPU all-reduce on the group (every rank of the group runs that one). Only the group's
-members take part, on the group's store, and it has the group's timeout, so a hung peer fails
-after the same time on either transport.
+Which pairs (:func:`~.group_context.two_way_pairs`): those that some step of the schedules sends
+on one way and some step the other, the same for every buffer size (the tests check it); a
+ring at more than 2 ranks sends one way round and needs none, nor does ``native``.
+
+Cost, per rank: one socket per such pair it is in (tree: its parent and children; naive's
+root: every other rank; halving-doubling: log2 p), no thread (the pair shares the group's gloo
+device, whose event loop serves both, and takes no worker threads: point-to-point never uses
+them), a rendezvous of the two ranks through the group's store when it is made. Made by the
+group's context (:mod:`~.group_context`) in its collective setup, in one order on every rank
+(sorted pairs: a pair's two ranks both reach it, whatever the others do); only the pair's ranks
+take part, on the group's store, with the group's timeout, so a hung peer fails after the same
+time on either transport.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-
 import torch.distributed as dist
 
-from .collectives import backend_for
 from .compat import gloo_options_like, group_store
 
-_LOCK = threading.Lock()  # guards the two maps
-# Weak keys: holding a process group here would keep it alive past destroy_process_group.
-_UPWARD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# One lock per group while its upward transport is made: two lanes' first buckets must not make
-# two (every rank must make the same one), and making one group's (a rendezvous with its
-# peers) must not hold up another group's.
-_MAKING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
+def make_pair(group: dist.ProcessGroup, pair: tuple[int, int], *, generation: int) -> dist.ProcessGroupGloo:
+    """The gloo transport of ``pair`` (two ranks of ``group``, low first), made now: a
+    rendezvous with the other rank of the pair through the group's store, under a key prefix
+    of its own (``generation``: how many times this context made it before, the same on both
+    ranks, so a pair made again after a close never meets the old one's keys).
 
-def upward_transport(group: dist.ProcessGroup) -> dist.ProcessGroup | dist.ProcessGroupGloo:
-    """What carries ``group``'s messages from a lower to a higher rank: a gloo backend with
-    the same ranks, made once (collective over the members of ``group`` the first time), or
-    ``group`` itself where it has one rank or no gloo for the CPU (another backend's
-    point-to-point is its own affair). Both have the ``send``/``recv`` the executor calls."""
-    with _LOCK:
-        made = _UPWARD.get(group)
-        if made is not None:
-            return made
-        making = _MAKING.setdefault(group, threading.Lock())
-    with making:
-        with _LOCK:
-            made = _UPWARD.get(group)
-        if made is None:
-            made = _make_upward(group)
-            with _LOCK:
-                _UPWARD[group] = made
-        return made
-
-
-def made_upward(group: dist.ProcessGroup) -> dist.ProcessGroupGloo | None:
-    """``group``'s upward transport if one was made and is not ``group`` itself; ``None``
-    otherwise. Never makes one (that is collective): for whoever must reach both transports,
-    e.g. :func:`~ddp_ring_hooks.runtime.abort.abort_transfers`."""
-    with _LOCK:
-        made = _UPWARD.get(group)
-    return None if made is None or made is group else made
-
-
-def prepare(group: dist.ProcessGroup | None) -> None:
-    """At registration, on every rank: make the upward transport of a CPU (gloo) hook group
-    while every rank is known to be here (see the module docstring)."""
-    # A state built before init_process_group makes it at its first bucket instead; a group
-    # that also carries CUDA tensors makes it only if a CPU bucket ever comes.
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    group = group if group is not None else dist.group.WORLD
-    backend = str(dist.get_backend(group))
-    if backend_for(backend, "cpu") == "gloo" and backend_for(backend, "cuda") is None:
-        upward_transport(group)
-
-
-def _make_upward(group: dist.ProcessGroup) -> dist.ProcessGroup | dist.ProcessGroupGloo:
-    ranks = dist.get_process_group_ranks(group)
-    if len(ranks) < 2 or backend_for(str(dist.get_backend(group)), "cpu") != "gloo":
-        return group
-    # Not dist.new_group: over a subset of ranks it needs use_local_synchronization, whose
-    # name counts the groups *this* process has, so making one on some ranks only would give
-    # every later such group (the user's too) a different name on those ranks: a hang. A gloo
-    # backend of its own on the group's store (whose prefix is the group's name, the same on
-    # every member) under a key prefix of its own needs only the members, and takes the
-    # group's ranks as they are. It shares the group's gloo device: its sockets are other
-    # sockets, with other locks, served by the same event-loop thread.
-    store = dist.PrefixStore("ddp_ring_hooks.upward/", group_store(group))
-    return dist.ProcessGroupGloo(store, dist.get_rank(group), len(ranks), gloo_options_like(group))
+    Not ``dist.new_group``: a group made on some ranks only changes the names of every later
+    such group on those ranks (see :func:`~.group_context.side_group`)."""
+    low, high = pair
+    me = group.rank()
+    if me not in pair:
+        raise ValueError(f"rank {me} is not in the pair {pair}")
+    store = dist.PrefixStore(f"ddp_ring_hooks.pair/{low}-{high}/{generation}/", group_store(group))
+    options = gloo_options_like(group)
+    options._threads = 0  # point-to-point only: no worker thread
+    return dist.ProcessGroupGloo(store, 0 if me == low else 1, 2, options)

@@ -20,9 +20,10 @@ in the queue behind all of it: the peer's half starts only after this half has c
 link, and the exchange takes up to twice as long on a network. Posted first, the receive's
 answer leaves before any payload and both halves travel at once, as in gloo's own ring
 (``gloo/allreduce.cc`` posts each segment's receive before its send). On CPU the two
-directions of a pair also travel on two gloo transports, the group and its *upward* one
-(:mod:`~ddp_ring_hooks.runtime.directions`): on one, both payloads of an exchange would take
-turns at one lock, which costs where copies rather than the wire set the pace (loopback).
+directions of a two-way pair also travel on two gloo transports, the group and the pair's
+own (:mod:`~ddp_ring_hooks.runtime.directions`, made by the group's context): on one, both
+payloads of an exchange would take turns at one lock, which costs where copies rather than the
+wire set the pace (loopback).
 
 - Chunks are cut like ``flat.tensor_split(num_chunks)``: any element count works, uneven
   tails are allowed, and empty chunks send nothing (both ends know the sizes, so they agree).
@@ -93,9 +94,9 @@ import torch
 import torch.distributed as dist
 
 from ..schedules import Op, Schedule
-from .compat import p2p_op
-from .directions import upward_transport
+from .compat import batched_p2p
 from .errors import StepFailedError
+from .group_context import GroupContext, Needs, context_of, needs_for
 from .observer import NULL_OBSERVER, ExecutionObserver
 from .program import Cast, Complete, Message, Post, Program, Unit, chunk_sizes, program_for
 from .wire import wire_dtype_for
@@ -123,6 +124,8 @@ def run_schedule(
     divisor: int = 1,
     tag: int = 0,
     residual: torch.Tensor | None = None,
+    context: GroupContext | None = None,
+    carrier: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """All-reduce (sum) the 1-D contiguous tensor ``flat`` in place following ``schedule``.
 
@@ -134,12 +137,15 @@ def run_schedule(
     every rank. NCCL has no tags (one stream orders its work).
     ``slice_bytes`` overrides :data:`SLICE_BYTES` on CPU (tests use it to get many
     slices from small tensors); CUDA tensors always run in one slice.
-    On CPU the first call on a group makes its upward transport (collective over the group's
-    members, see :mod:`~ddp_ring_hooks.runtime.directions`), unless a hook state made it.
     The transfers carry the schedule's wire dtype (a narrower one: see the module docstring;
     one not narrower than ``flat`` is a ``TypeError`` naming the fix). ``residual``: a tensor
     like ``flat`` that receives what this rank's roundings to the wire dtype lost (zero where
     it rounded nothing, and everywhere when nothing is rounded), for error feedback.
+    ``context``: the group's context, prepared by the caller for this schedule (the hook state,
+    when it is built); without one, the group's context prepares the schedule's pair transports
+    (:func:`~.group_context.needs_for`: on CPU one per pair the schedule sends on both ways),
+    collective the first time, as this call is. ``carrier``: on CUDA, the group the batches go on (the hook's
+    lane passes its dedicated group, :mod:`~ddp_ring_hooks.runtime.cuda_lane`); default ``group``.
     """
     group_size = dist.get_world_size(group)
     if schedule.world_size != group_size:
@@ -172,7 +178,12 @@ def run_schedule(
         window=min(SLICES_IN_FLIGHT, slices), divide=divisor != 1, wire=wire is not None,
     )
     group = group if group is not None else dist.group.WORLD
-    execution = _Execution(schedule, program, flat, group, rank, observer, divisor, on_cpu, tag)
+    if context is None:  # a call of its own: its pairs (the CUDA lanes' side groups are the hook's)
+        context = context_of(group)
+        context.prepare(Needs(pairs=needs_for((schedule,), group, device=flat.device).pairs))
+    upward = context.upward() if on_cpu else {}
+    execution = _Execution(schedule, program, flat, group, rank, observer, divisor, on_cpu, tag, upward,
+                           carrier or group)
     if wire is not None:
         execution.on_the_wire(flat, wire, residual)
     execution.run()
@@ -193,7 +204,7 @@ class _Execution:
 
     def __init__(
         self, schedule: Schedule, program: Program, flat: torch.Tensor, group: dist.ProcessGroup,
-        rank: int, observer: ExecutionObserver, divisor: int, on_cpu: bool, tag: int,
+        rank: int, observer: ExecutionObserver, divisor: int, on_cpu: bool, tag: int, upward, carrier,
     ) -> None:
         self.schedule = schedule
         self.program = program
@@ -216,8 +227,10 @@ class _Execution:
         # cached), so no kernel reads host memory and nothing syncs.
         self.divisor = _divisor_tensor(flat, divisor) if divisor != 1 else divisor
         self.start = _start_on_cpu if on_cpu else _start_batched
-        # Messages from a lower to a higher rank go on it (see runtime/directions.py).
-        self.upward = upward_transport(group) if on_cpu else group
+        # peer -> the transport of our two-way pair: messages from the lower to the higher
+        # rank of the pair go on it (see runtime/directions.py); every other message on the group.
+        self.upward = upward
+        self.carrier = carrier  # CUDA: the group the batches go on
         self.residuals: tuple[torch.Tensor, ...] | None = None
 
     def on_the_wire(self, flat: torch.Tensor, wire: torch.dtype, residual: torch.Tensor | None) -> None:
@@ -419,7 +432,8 @@ def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
     121 µs per exchange of one element), so they go straight to the process group's
     ``send``/``recv`` (what ``dist.isend``/``dist.irecv`` call after their checks, which
     ``run_schedule`` did once). Peers are ranks of the group, as the group's methods take them.
-    A message from a lower to a higher rank goes on the upward transport, the others on the group
+    A message from the lower to the higher rank of a two-way pair goes on the pair's own
+    transport (rank 0 of it sends, rank 1 receives), the others on the group
     (:mod:`~ddp_ring_hooks.runtime.directions`): both ends of a message pick the same one.
     """
     group, upward, tag, rank = execution.group, execution.upward, execution.tag, execution.rank
@@ -427,9 +441,13 @@ def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
     try:
         for direction, m in _posting_order(unit):
             if direction is RECEIVE:
-                works.append((upward if m.peer < rank else group).recv([execution.buffer(m)], m.peer, tag))
+                pair = upward.get(m.peer) if m.peer < rank else None
+                works.append(pair.recv([execution.buffer(m)], 0, tag) if pair is not None
+                             else group.recv([execution.buffer(m)], m.peer, tag))
             else:
-                works.append((upward if rank < m.peer else group).send([execution.wire_pieces[m.piece]], m.peer, tag))
+                pair = upward.get(m.peer) if rank < m.peer else None
+                works.append(pair.send([execution.wire_pieces[m.piece]], 1, tag) if pair is not None
+                             else group.send([execution.wire_pieces[m.piece]], m.peer, tag))
     except RuntimeError as error:
         # A peer that died before this step fails the post itself, not the wait; the message
         # being posted names the peer (gloo's own text has only a socket address).
@@ -438,16 +456,15 @@ def _start_on_cpu(execution: _Execution, unit: Unit) -> list[dist.Work]:
 
 
 def _start_batched(execution: _Execution, unit: Unit) -> list[dist.Work]:
-    """Start a unit as one ``batch_isend_irecv`` group: NCCL needs that, or a send posted
-    before its peer's receive could deadlock."""
-    group = execution.group
-    ops = [
-        p2p_op(dist.irecv, execution.buffer(m), group=group, peer=m.peer) if direction is RECEIVE
-        else p2p_op(dist.isend, execution.wire_pieces[m.piece], group=group, peer=m.peer)
+    """Start a unit as one coalesced batch on the carrier (the group, or the hook lane's
+    dedicated group): NCCL needs that, or a send posted before its peer's receive could
+    deadlock. The carrier has the group's ranks, so peers stay as they are."""
+    posts = [
+        (direction is RECEIVE, execution.buffer(m) if direction is RECEIVE else execution.wire_pieces[m.piece], m.peer)
         for direction, m in _posting_order(unit)
     ]
     try:
-        return dist.batch_isend_irecv(ops) if ops else []
+        return batched_p2p(execution.carrier, execution.pieces[0].device, posts) if posts else []
     except RuntimeError as error:  # one batch: the failed message is unknown; the first stands for it
         raise execution._failure(error, unit, 0) from error
 

@@ -57,11 +57,12 @@ def measure_links(
         raise ValueError(f"message_bytes must be a whole number of bytes >= 1, got {message_bytes!r}")
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a whole number >= 1, got {repeats!r}")
-    backend = dist.get_backend(group)
+    group = group if group is not None else dist.group.WORLD
+    backend = _backend_name(group)
     if backend != "gloo":
         raise ValueError(f"the link probe runs on gloo (TCP between hosts), not {backend!r}: "
                          "initialize the process group with backend='gloo'")
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    rank, world_size = group.rank(), group.size()
     if world_size < 2:
         raise ValueError("measuring links needs 2 ranks or more; start it under torchrun with several ranks")
     rounds = exchange_rounds(world_size)
@@ -73,14 +74,14 @@ def measure_links(
         partner = partner_in(pairs, rank)
         dist.barrier(group=group)
         if partner is not None:
-            _exchange(outgoing, incoming, _global_rank(group, partner), group)
+            _exchange(outgoing, incoming, partner, group)
     seconds = torch.full((repeats, len(rounds)), math.nan, dtype=torch.float64)
     for repeat in range(repeats):  # 2.
         for index, pairs in enumerate(rounds):
             partner = partner_in(pairs, rank)
             dist.barrier(group=group)
             if partner is not None:
-                seconds[repeat, index] = _exchange(outgoing, incoming, _global_rank(group, partner), group)
+                seconds[repeat, index] = _exchange(outgoing, incoming, partner, group)
     gathered = [torch.empty_like(seconds) for _ in range(world_size)]  # 5.
     dist.all_gather(gathered, seconds, group=group)
     samples = tuple(
@@ -89,20 +90,38 @@ def measure_links(
         for index, pairs in enumerate(rounds) if (partner := partner_in(pairs, receiver)) is not None
     )
     nodes, nodes_from = group_nodes(group)
-    hosts: list[str] = [""] * world_size
-    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    hosts = _host_names(group)
     return LinkMatrix(world_size=world_size, samples=samples, message_bytes=message_bytes, repeats=repeats,
                       nodes=nodes, nodes_from=nodes_from, hosts=tuple(hosts), backend=backend)
 
 
-def _global_rank(group: dist.ProcessGroup | None, rank: int) -> int:
-    """A group's rank as the default group numbers it (what ``isend``/``irecv`` take)."""
-    return rank if group is None else dist.get_global_rank(group, rank)
+def _backend_name(group: dist.ProcessGroup) -> str:
+    """The group's backend as c10d names it; for a side group c10d does not know (the control
+    group of an NCCL group, :mod:`.group_context`), its own backend's name."""
+    try:
+        return str(dist.get_backend(group))
+    except ValueError:
+        return group.name()
+
+
+#: Bytes of a host name in the probe's gather (longer names are cut: they only label the matrix).
+HOST_NAME_BYTES = 64
+
+
+def _host_names(group: dist.ProcessGroup) -> tuple[str, ...]:
+    """Every rank's host name, by group rank (one all-gather of fixed-size byte rows: the
+    group's own call, which a side group has too)."""
+    name = socket.gethostname().encode()[:HOST_NAME_BYTES]
+    row = torch.zeros(HOST_NAME_BYTES, dtype=torch.uint8)
+    row[: len(name)] = torch.tensor(list(name), dtype=torch.uint8)
+    table = [torch.empty_like(row) for _ in range(group.size())]
+    dist.all_gather(table, row, group=group)
+    return tuple(bytes(r.tolist()).rstrip(b"\0").decode(errors="replace") for r in table)
 
 
 def _exchange(outgoing: torch.Tensor, incoming: torch.Tensor, partner: int, group) -> float:
-    """Both directions with ``partner`` (a global rank) at once (3.); seconds until this rank
-    had its message (4.)."""
+    """Both directions with ``partner`` (a rank of ``group``) at once (3.); seconds until this
+    rank had its message (4.)."""
     _both_ways(torch.zeros(1, dtype=torch.uint8), torch.empty(1, dtype=torch.uint8), partner, group)  # the handshake
     start = time.perf_counter()
     return _both_ways(outgoing, incoming, partner, group) - start
@@ -111,8 +130,8 @@ def _exchange(outgoing: torch.Tensor, incoming: torch.Tensor, partner: int, grou
 def _both_ways(outgoing: torch.Tensor, incoming: torch.Tensor, partner: int, group) -> float:
     """Receive from ``partner`` and send to it, the receive posted first; the clock when the
     receive completed (then the send is waited for too)."""
-    receive = dist.irecv(incoming, src=partner, group=group)
-    send = dist.isend(outgoing, dst=partner, group=group)
+    receive = group.recv([incoming], partner, 0)  # the group's own calls: group ranks, and a side group has them
+    send = group.send([outgoing], partner, 0)
     receive.wait()
     received = time.perf_counter()
     send.wait()
@@ -123,7 +142,7 @@ def group_nodes(group: dist.ProcessGroup | None = None) -> tuple[tuple[int, ...]
     """Each rank's node (``GROUP_RANK``, else ``rank // LOCAL_WORLD_SIZE``: torchrun's variables)
     and where it came from, the same source on every rank of ``group``, else ``None``s.
     Collective over ``group`` (one small all-gather)."""
-    return nodes_of(all_gather_ints(node_row(dist.get_rank()), group))
+    return nodes_of(all_gather_ints(node_row(dist.get_rank()), group, device="cpu"))
 
 
 def node_row(rank: int) -> list[int]:

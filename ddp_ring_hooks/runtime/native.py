@@ -24,7 +24,7 @@ issued and ``on_finish`` when it completes:
 - gloo: ``on_finish`` runs in a callback of the work's Future (on gloo's thread, when the
   all-reduce is done), so ``time_ms`` is issue-to-completion and the hook thread never waits.
 - CUDA: the marks are CUDA events on the communication side stream
-  (:func:`~ddp_ring_hooks.runtime.cuda_lane.stream_after_current`), which first waits for the
+  (the group's ``"native"`` stream, :meth:`~ddp_ring_hooks.runtime.group_context.GroupContext.stream`), which first waits for the
   compute stream; the scaling kernel, NCCL's launch (NCCL's stream waits for the current one)
   and ``work.wait()`` (the side stream waits for NCCL's, no host wait) all go there, so the
   end mark fires when NCCL's kernel is done. ``queue_ms`` is the time from the handover mark
@@ -49,7 +49,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .cuda_lane import stream_after_current
+from .cuda_lane import stream_after
+from .group_context import context_of
 from .observer import NULL_OBSERVER, ExecutionObserver
 
 #: The phase name native buckets report (one phase: the whole collective).
@@ -116,7 +117,7 @@ def _before(flat: torch.Tensor, scale: float, wire: torch.dtype | None, residual
 
 def _run_on_cuda(flat: torch.Tensor, group, observer: ExecutionObserver, scale: float, wire, residual,
                  divisor: int) -> torch.futures.Future:
-    stream = stream_after_current(flat.device)
+    stream = stream_after(context_of(group).stream(flat.device, "native"), flat.device)
     with torch.cuda.stream(stream):
         sent = _before(flat, scale, wire, residual, divisor)
         observer.on_phase(PHASE)

@@ -22,9 +22,10 @@ a group), on every rank at once::
    ``ddp-ring-hooks links --json`` and pass ``ring_order=load_link_matrix(path).best_ring()``.
    1 MiB, because a shaped or congested link lets its first bytes through at once (the lab's
    ``tbf`` passes 5 ms of its rate, 250 KB at 400 Mbit/s): smaller messages hide the slow link.
-3. What the group said is kept per group: ``all_reduce(t, ring_order="measured")`` probes on
-   its first call only (collective, like that call), and ``auto``'s ring and hierarchical
-   candidates share one probe. The nodes are gathered the first time a group is met, whatever
+3. What the group said is kept per group, in its context
+   (:class:`~ddp_ring_hooks.runtime.group_context.GroupContext`: ``nodes``, ``measured``):
+   ``all_reduce(t, ring_order="measured")`` probes on its first call only (collective, like that
+   call), and ``auto``'s ring and hierarchical candidates share one probe. The nodes are gathered the first time a group is met, whatever
    the options: the summary and the advisor say from them what a ring order costs
    (:func:`known_nodes`).
 
@@ -36,15 +37,13 @@ and :func:`~ddp_ring_hooks.schedules.settled` read and write the options.
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
 from collections.abc import Mapping
 
 import torch.distributed as dist
 
 from ..schedules import NEEDS_LINKS, NEEDS_NODES, group_needs, settled
 from .collectives import all_gather_ints
-from .cuda_lane import control_group
+from .group_context import GroupContext, context_of
 from .link_probe import group_nodes, measure_links
 
 #: The probe of ``"measured"``: bytes each way per pair, and timed exchanges per pair (the median counts).
@@ -52,10 +51,6 @@ PROBE_BYTES = 1 << 20
 PROBE_REPEATS = 2
 
 logger = logging.getLogger("ddp_ring_hooks.ring_order")
-
-_NODES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> its ranks' nodes, or None
-_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> the measured order
-_LOCK = threading.Lock()
 
 
 def settle_ring_order(options: Mapping[str, object], group: dist.ProcessGroup | None = None) -> dict:
@@ -72,19 +67,19 @@ def settle_ring_order(options: Mapping[str, object], group: dist.ProcessGroup | 
     where its schedule is built, naming the fix)."""
     if not (dist.is_available() and dist.is_initialized()):
         return dict(options)
-    group = group if group is not None else dist.group.WORLD
+    context = context_of(group)
     need = group_needs(options)
-    with _LOCK:
-        met = group in _NODES
+    with context.lock:
+        met = context.met
     if not met:
-        _meet(group, wants_links=need == NEEDS_LINKS)
+        _meet(context, wants_links=need == NEEDS_LINKS)
     if need == NEEDS_NODES:
         return settled(options, nodes=known_nodes(group))
     if need == NEEDS_LINKS:
-        with _LOCK:
-            order = _MEASURED.get(group)
+        with context.lock:
+            order = context.measured
         if order is None:
-            order = _measure(group)
+            order = _measure(context)
         return settled(options, measured=order)
     return dict(options)
 
@@ -93,19 +88,21 @@ def known_nodes(group: dist.ProcessGroup | None = None) -> tuple[int, ...] | Non
     """The node of each rank of ``group`` as its ranks said when a hook state or ``all_reduce``
     first met it (``GROUP_RANK``, else ``rank // LOCAL_WORLD_SIZE``); ``None`` when they did
     not say, or the group was not met. Local: no collective."""
-    with _LOCK:
-        return _NODES.get(group if group is not None else dist.group.WORLD)
+    context = context_of(group)
+    with context.lock:
+        return context.nodes
 
 
-def _meet(group: dist.ProcessGroup, *, wants_links: bool) -> None:
+def _meet(context: GroupContext, *, wants_links: bool) -> None:
+    group = context.group
     if dist.get_world_size(group) == 1:
         nodes, wanting = (0,), [wants_links]
     else:
-        probe = control_group(group)
+        probe = context.control_group()
         nodes, _ = group_nodes(probe)
-        wanting = [bool(row[0]) for row in all_gather_ints([int(wants_links)], probe)]
-    with _LOCK:
-        _NODES[group] = nodes
+        wanting = [bool(row[0]) for row in all_gather_ints([int(wants_links)], probe, device="cpu")]
+    with context.lock:
+        context.met, context.nodes = True, nodes
     if any(wanting) and not all(wanting):
         asking = [rank for rank, wants in enumerate(wanting) if wants]
         raise ValueError(
@@ -113,16 +110,17 @@ def _meet(group: dist.ProcessGroup, *, wants_links: bool) -> None:
             "rank of the group; pass the same ring_order on every rank"
         )
     if all(wanting):
-        _measure(group)
+        _measure(context)
 
 
-def _measure(group: dist.ProcessGroup) -> tuple[int, ...]:
+def _measure(context: GroupContext) -> tuple[int, ...]:
     """The probe (collective) and its order, kept for the group."""
+    group = context.group
     if dist.get_world_size(group) <= 3:  # one ring, up to its direction: nothing to measure
         order: tuple[int, ...] = tuple(range(dist.get_world_size(group)))
     else:
         matrix = measure_links(
-            message_bytes=PROBE_BYTES, repeats=PROBE_REPEATS, group=control_group(group), one_pair_at_a_time=True,
+            message_bytes=PROBE_BYTES, repeats=PROBE_REPEATS, group=context.control_group(), one_pair_at_a_time=True,
         )
         order = matrix.best_ring()
         rows = matrix.rows()
@@ -131,6 +129,6 @@ def _measure(group: dist.ProcessGroup) -> tuple[int, ...]:
             "measured ring order %s (its slowest hop %.1f MB/s; %d links timed one pair at a time)",
             ", ".join(map(str, order)), slowest / 1e6, len(rows) * (len(rows) - 1),
         )
-    with _LOCK:
-        _MEASURED[group] = order
+    with context.lock:
+        context.measured = order
     return order

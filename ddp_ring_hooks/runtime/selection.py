@@ -49,8 +49,6 @@ import copy
 import difflib
 import logging
 import statistics
-import threading
-import weakref
 import zlib
 from collections.abc import Mapping
 
@@ -65,6 +63,7 @@ from ..schedules import (
 from .collectives import all_gather_ints, device_of, time_calls
 from .compat import broadcast_from_first
 from .executor import run_schedule
+from .group_context import context_of
 from .names import AUTO, NATIVE, has_schedule, runnable_algorithms
 from .native import run_native
 from .ring_orders import settle_ring_order
@@ -198,7 +197,7 @@ class AutoSelector:
         >>> selector = AutoSelector(Calibration(alpha=50e-6, beta=1e-9), world_size=8)
         >>> selector.choose(4096)
         ('halving_doubling', {})
-        >>> lab = TwoTier(alpha=200e-6, beta=1 / 50e6, local_alpha=50e-6, local_beta=1 / 1e9, ranks_per_node=2)
+        >>> lab = TwoTier(Links(200e-6, 1 / 50e6, local=Links(50e-6, 1 / 1e9)), ranks_per_node=2)
         >>> AutoSelector(None, 4, network=lab, local_size=2).choose(16 << 20)[0]
         'hierarchical'
     """
@@ -421,24 +420,20 @@ def _disagreement(algorithm: str) -> str:
     )
 
 
-_SELECTORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_SELECTORS_LOCK = threading.Lock()
-
-
 def selector_for(group: dist.ProcessGroup | None = None, *, device: torch.device | str | None = None, **options) -> AutoSelector:
     """The :class:`AutoSelector` of ``group`` for these ``options`` (``candidates``,
-    ``local_size``, ``segments``, ``calibration``), probed on the first call and kept.
+    ``local_size``, ``segments``, ``calibration``), probed on the first call and kept in the
+    group's context.
 
     Collective on the first call with given options (every rank of ``group`` must make it,
     as every rank calls a collective): what ``all_reduce(t, algorithm="auto")`` and the
     benchmark use, so they choose exactly as the hook does."""
-    group = group if group is not None else dist.group.WORLD
+    context = context_of(group)
     key = tuple(sorted((name, repr(value)) for name, value in options.items()))
-    with _SELECTORS_LOCK:
-        known = _SELECTORS.setdefault(group, {})
-        selector = known.get(key)
+    with context.lock:
+        selector = context.selectors.get(key)
     if selector is None:
         selector = AutoSelector.probed(group, device=device, **options)
-        with _SELECTORS_LOCK:
-            known[key] = selector
+        with context.lock:
+            context.selectors[key] = selector
     return selector

@@ -7,19 +7,19 @@ overlap communication. Instead the hook hands each bucket to this worker and ret
 hands buckets over in the same order on every rank, so every rank runs the same sequence),
 and completes each Future with the result or with the exception, which DDP then raises.
 
-Workers are shared per process group and *lane* (:func:`worker_for`). A lane is a stream of
-jobs whose messages carry the lane's tag: jobs of one lane run one after the other, jobs of
-different lanes may run at the same time without taking each other's messages (gloo matches
-messages by peer and tag). Two hook states on the same group (two DDP models reduced in one
-backward, say) share the lanes: two threads posting with the same tag to the same peers
-could swap messages.
+Workers are kept per process group and *lane* (:class:`~ddp_ring_hooks.runtime.lanes.Lane`)
+by the group's context (:meth:`~ddp_ring_hooks.runtime.group_context.GroupContext.worker`). A
+lane is a stream of jobs whose messages carry the lane's tag: jobs of one lane run one after
+the other, jobs of different lanes may run at the same time without taking each other's
+messages (gloo matches messages by peer and tag). Two hook states on the same group (two DDP
+models reduced in one backward, say) share the lanes: two threads posting with the same tag to
+the same peers could swap messages.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -88,33 +88,3 @@ class CommWorker:
                 future.set_exception(error)
             else:
                 future.set_result(result)
-
-
-# Weak keys: holding a process group here would keep it alive past destroy_process_group, and
-# a gloo group destroyed only at interpreter shutdown can abort the process.
-_WORKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_WORKERS_LOCK = threading.Lock()
-
-
-def worker_for(group: object, lane: object = 0, *, on_start: Callable[[], None] | None = None) -> CommWorker:
-    """The worker shared by every job of ``lane`` on ``group`` (a process group), made on first
-    use (with ``on_start``, see :class:`CommWorker`). Lanes are gloo tags (ints) on CPU,
-    ``("cuda", device index)`` for a CUDA lane, or a name (the arrivals gather's)."""
-    with _WORKERS_LOCK:
-        lanes = _WORKERS.setdefault(group, {})
-        worker = lanes.get(lane)
-        if worker is None:
-            if isinstance(lane, int):
-                name = f"ddp-ring-hooks-comm-{lane}"
-            elif isinstance(lane, tuple):
-                name = f"ddp-ring-hooks-cuda-{lane[1]}"
-            else:
-                name = f"ddp-ring-hooks-{lane}"
-            worker = lanes[lane] = CommWorker(name=name, on_start=on_start)
-        return worker
-
-
-def workers_of(group: object) -> list[CommWorker]:
-    """Every worker made so far for ``group``, all lanes."""
-    with _WORKERS_LOCK:
-        return list(_WORKERS.get(group, {}).values())

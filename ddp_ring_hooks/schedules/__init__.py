@@ -21,7 +21,8 @@ from .hierarchical import segments_for as hierarchical_segments_for
 from .ir import Op, RankStep, Receive, Schedule, Send, Step, Transfer
 from .naive import build_naive_schedule, naive_cost
 from .ordering import (
-    NEEDS_LINKS, NEEDS_NODES, RANK, RingCrossings, check_node_of, check_ring_order, group_needs, parse_numbers,
+    NEEDS_LINKS, NEEDS_NODES, RANK, RingCrossings, check_node_of, check_ring_order, group_needs, grouped_by_size,
+    has_ring_order, parse_numbers,
     ring_crossings, ring_order_of, schedule_nodes, schedule_order, settled,
 )
 from .registry import (
@@ -168,7 +169,7 @@ __all__ = [
     "Step", "Transfer", "build_double_binary_tree_schedule", "build_halving_doubling_schedule", "build_hierarchical_schedule",
     "build_naive_schedule", "build_ring_schedule", "build_tree_schedule", "build_schedule", "check_all_reduce",
     "algorithm_examples", "algorithm_names", "check_given_options", "checked_schedule", "final_state", "formula_for",
-    "NEEDS_LINKS", "NEEDS_NODES", "get_algorithm", "group_needs", "hierarchical_uplink_cost", "options_by_name", "options_for", "register_algorithm", "replay",
+    "NEEDS_LINKS", "NEEDS_NODES", "get_algorithm", "group_needs", "grouped_by_size", "has_ring_order", "hierarchical_uplink_cost", "options_by_name", "options_for", "register_algorithm", "replay",
     "resolve_options", "ring_crossings", "ring_order_of", "ring_uplink_cost",
     "schedule_nodes", "schedule_order", "settled", "shape_options", "sized_options",
     "WIRE_BYTES", "WIRE_DTYPE", "is_narrow", "wire_of", "wire_ratio", "with_wire",

@@ -91,6 +91,10 @@ class Schedule:
     )
     # A cache of digest, likewise.
     _digests: list[int] = field(default_factory=list, init=False, compare=False, hash=False, repr=False)
+    # A cache of links, likewise.
+    _links: list[frozenset[tuple[int, int]]] = field(
+        default_factory=list, init=False, compare=False, hash=False, repr=False
+    )
 
     @property
     def phases(self) -> tuple[tuple[str, int, int], ...]:
@@ -115,6 +119,12 @@ class Schedule:
             plan = self._plans.setdefault(rank, _plan_for(self, rank))
         return plan
 
+
+    def links(self) -> frozenset[tuple[int, int]]:
+        """Every directed link ``(src, dst)`` the schedule sends on, in any step."""
+        if not self._links:
+            self._links.append(frozenset((t.src, t.dst) for step in self.steps for t in step.transfers))
+        return self._links[0]
 
     def digest(self) -> int:
         """A 32-bit checksum of the whole schedule, the same in every process (``hash`` is

@@ -151,6 +151,11 @@ def settled(
     return dict(options)
 
 
+def has_ring_order(options: Mapping[str, object]) -> bool:
+    """Whether resolved ``options`` have a ring order (their algorithm's record declares one)."""
+    return "ring_order" in options
+
+
 def ring_order_of(options: Mapping[str, object], world_size: int) -> tuple[int, ...] | None:
     """The permutation resolved ``options`` make the ring visit (``None``: the options have no
     ring order, or one not yet settled on the group)."""
@@ -189,6 +194,13 @@ def schedule_nodes(schedule: Schedule) -> tuple[int, ...] | None:
     for place, rank in enumerate(schedule_order(schedule)):
         nodes[rank] = place // local_size
     return tuple(nodes)
+
+
+def grouped_by_size(schedule: Schedule) -> bool:
+    """Whether the schedule groups its ranks into nodes of a size of its own (``local_size``:
+    hierarchical) rather than by what the ranks said (``node_of``) or not at all."""
+    options = dict(schedule.options)
+    return options.get("node_of") is None and bool(options.get("local_size"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,11 @@ the trace window) the buckets are marked, and after the step, on the exchange wo
 
     hook thread       hand-over marks (the observation's, one per bucket)
     exchange worker   the step's marks read -> rows of (first, last, total_ms) of every rank,
-                      on rank 0's clock -> recorder.record_ranks(RankArrivals)
-                      [window's last step: every rank's trace events -> rank 0's merged file]
+                      on rank 0's clock -> recorder.record(RankArrivals) on spread steps (its
+                      comm/ranks/* scalars, its arrival track), its trace events alone on the
+                      window's other steps; spread steps -> the tally (the summary's line)
+    (after the other watchers' exchanges, the window's last step: TraceGather, every rank's
+     trace events -> rank 0's merged file)
 
 The times come from the hook's hand-over, not from the executor, so this works the same for
 every algorithm, whatever runs the bucket.
@@ -19,17 +22,23 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 
 from .bucket_marks import clocks_busy_ms
-from .records import RankArrivals
+from .records import RankArrivals, Trace
+from .stragglers import StragglerTally
+from .trace_merge import shift_events
 from .watcher import Watcher
 
 
 class ArrivalGather(Watcher):
-    """Every rank's arrival, for the recorder ``recorder`` (a :class:`~.recorder.Telemetry`)."""
+    """Every rank's arrival, recorded through the recorder ``recorder`` (a :class:`~.recorder.Telemetry`),
+    and the tally of who arrived last (:class:`~.stragglers.StragglerTally`) for the summary."""
 
     def __init__(self, recorder) -> None:
         self.recorder = recorder
+        self._tally = StragglerTally(window=recorder.options.summary_window)
+        self._lock = threading.Lock()  # the exchange worker adds, the summary reads
 
     def wants_marks(self, step: int) -> bool:
         return self.recorder.gathers_ranks(step)
@@ -45,7 +54,7 @@ class ArrivalGather(Watcher):
             row = [clocks[0].handed, clocks[-1].handed, clocks_busy_ms(clocks)]
         rows = peers.rows(row)
         offsets = peers.clocks.offsets_ms
-        self.recorder.record_ranks(RankArrivals(
+        arrivals = RankArrivals(
             step=step.step,
             first_ms=tuple(r[0] - offsets[i] for i, r in enumerate(rows)),
             last_ms=tuple(r[1] - offsets[i] for i, r in enumerate(rows)),
@@ -53,15 +62,39 @@ class ArrivalGather(Watcher):
             offsets_ms=offsets,
             clock_error_ms=peers.clocks.max_error_ms,
             rank=peers.rank,
-        ))
-        if self.recorder.merges_trace_at(step.step):
-            self._gather_trace(peers)
+        )
+        if self.recorder.spreads_at(step.step):
+            with self._lock:
+                self._tally.add(arrivals)
+            self.recorder.record(arrivals, group=step.group)
+        else:  # a trace step only: its arrival track, no scalars
+            self.recorder.record(Trace(step.step, tuple(arrivals.trace_events())), group=step.group)
 
-    def _gather_trace(self, peers) -> None:
-        """Rank 0 receives every rank's trace events of the window, for one merged file."""
+    def summary_line(self) -> str | None:
+        """With ``spread_every``: who kept the others waiting (:class:`~.stragglers.StragglerTally`)."""
+        if not self.recorder.options.spread_every:
+            return None
+        with self._lock:
+            return self._tally.render()
+
+
+class TraceGather(Watcher):
+    """At the trace window's last step, rank 0 receives every rank's trace events (the buckets',
+    the arrivals', the links') and records them, on its clock, for one merged file. After every
+    other watcher's exchange: their events of that step are in."""
+
+    def __init__(self, recorder) -> None:
+        self.recorder = recorder
+
+    def exchanges_after(self, step: int) -> bool:
+        return self.recorder.gathers_ranks(step) and self.recorder.merges_trace_at(step)
+
+    def exchange(self, step, peers) -> None:
         payloads = peers.bytes_to_rank0(json.dumps(self.recorder.local_trace_events()).encode())
         if payloads is not None:
-            offsets = peers.clocks.offsets_ms
-            self.recorder.add_peer_traces(
-                [(rank, json.loads(payload), offsets[rank]) for rank, payload in enumerate(payloads) if rank != 0]
-            )
+            offsets, events, ranks = peers.clocks.offsets_ms, [], []
+            for rank, payload in enumerate(payloads):
+                if rank != 0:  # onto rank 0's clock
+                    events += shift_events(json.loads(payload), -offsets[rank])
+                    ranks.append(rank)
+            self.recorder.record(Trace(step.step, tuple(events), merged_ranks=tuple(ranks)), group=step.group)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..runtime import run_schedule
+from ..runtime import context_of, run_schedule
 from ..schedules import checked_schedule
 
 #: Round trips per host pair; the shortest one gives the estimate.
@@ -88,7 +88,10 @@ def all_gather_rows(row: Sequence[float], group: dist.ProcessGroup, *, tag: int)
     table = torch.zeros(world_size, len(row), dtype=torch.float64)
     table[rank] = torch.tensor(list(row), dtype=torch.float64)
     if world_size > 1:
-        run_schedule(checked_schedule("ring", world_size), table.view(-1), group=group, tag=tag)
+        # On what the group's context has made (never making anything: this runs on a worker
+        # thread, beside the hook's lanes); the rows are small.
+        run_schedule(checked_schedule("ring", world_size), table.view(-1), group=group, tag=tag,
+                     context=context_of(group))
     return table.tolist()
 
 

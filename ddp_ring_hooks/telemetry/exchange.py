@@ -8,7 +8,8 @@ one job on the exchange worker::
     exchange worker   wait for the step's buckets -> [clock offsets: first exchange and every
                       RESYNC_EVERY] -> watcher.exchange(step, peers) for each, in order
 
-The exchange is point-to-point with its own tag (:data:`EXCHANGE_TAG`), never a collective:
+The exchange is point-to-point with its own tag (the lane :data:`~ddp_ring_hooks.runtime.lanes.EXCHANGE`'s,
+from the one table of tags), never a collective:
 DDP starts collectives of its own on the training thread while this worker runs
 (``find_unused_parameters``' map of used parameters right after the last bucket,
 ``broadcast_buffers`` in every forward), and gloo pairs collectives in the order each process
@@ -31,13 +32,12 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from ..runtime import worker_for
+from ..runtime.group_context import context_of
+from ..runtime.lanes import EXCHANGE
 from .clocks import ClockOffsets, all_gather_rows, estimate_clock_offsets, gather_bytes_to_rank0
 
-#: The exchange's message tag; bucket lanes use 0 .. concurrent_buckets - 1.
-EXCHANGE_TAG = 1 << 16
-#: The worker lane (a key of its own in the worker registry; the thread's name).
-EXCHANGE_LANE = "exchange"
+#: The exchange's message tag (its lane's: bucket lanes use 0 .. concurrent_buckets - 1).
+EXCHANGE_TAG = EXCHANGE.tag
 #: Clock offsets across hosts are estimated again every this many exchanges (clocks drift).
 RESYNC_EVERY = 100
 
@@ -87,7 +87,7 @@ class StepExchange:
     def submit(self, step, watchers: Sequence) -> None:
         """On the hook thread, after ``step``'s last bucket was launched (a
         :class:`~.watcher.StepWatch` with its Futures)."""
-        worker_for(step.group, EXCHANGE_LANE).submit(lambda: self._run(step, watchers))
+        context_of(step.group).worker(EXCHANGE).submit(lambda: self._run(step, watchers))
 
     def _run(self, step, watchers: Sequence) -> None:
         try:

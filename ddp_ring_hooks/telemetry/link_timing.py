@@ -18,8 +18,8 @@ peer, the bytes and when its end was ready; what one end cannot know is when the
       4. every rank's incoming links to every rank (Peers.rows, with each rank's node)
       5. the naming rule (:func:`ddp_ring_hooks.links.judge_samples`: each link's median over
          its last :data:`~ddp_ring_hooks.links.WINDOW` steps against the others, by tier)
-         -> a :class:`~.records.LinkTimes` for the recorder: ``comm/links/*``, the summary
-         line, the trace's link tracks
+         -> a :class:`~.records.LinkTimes` record (``comm/links/*``, the trace's link tracks;
+         on a trace step only, its tracks alone) and the summary's line
 
 A link that moved less than :data:`MIN_JUDGED_BYTES` in a step is not judged on that step:
 its time is mostly latency. ``native`` (the group's own all-reduce) shows no transfers: no
@@ -45,11 +45,13 @@ from ..links import WINDOW, LinkSample, judge_samples
 from ..runtime import ExecutionObserver
 from ..runtime.link_probe import node_row, nodes_of
 from ..runtime.names import NATIVE
-from .records import LinkSpan, LinkTimes
+from .records import LinkSpan, LinkTimes, Trace
 from .watcher import READ_TIMEOUT_S, Watcher
 
 #: A link that moved fewer bytes than this in a step is not judged on it (latency, not bandwidth).
 MIN_JUDGED_BYTES = 256 << 10
+#: The summary line before any step's links were timed.
+NOT_YET_LINE = "links: no step's links timed yet (links=True times them on every spread_every-th step)"
 #: The summary line when every bucket ran ``native``.
 NATIVE_LINE = ("links: no per-link view: native runs the group's own all-reduce, whose transfers the hook "
                "cannot see (choose a scheduled algorithm, e.g. ring)")
@@ -66,6 +68,7 @@ class LinkTiming(Watcher):
         self._lock = threading.Lock()  # the hook thread adds logs while the exchange worker takes them
         self._recent: dict[tuple[int, int], deque[LinkSample]] = {}
         self._native_only = True  # every bucket timed so far ran native
+        self._line = NOT_YET_LINE  # the summary's (replaced whole by the exchange worker)
 
     def _times(self, step: int) -> bool:
         return self.recorder.options.links and self.recorder.gathers_ranks(step)
@@ -113,8 +116,17 @@ class LinkTiming(Watcher):
                 self._recent.setdefault((src, dst), deque(maxlen=WINDOW)).append(LinkSample(src, dst, nbytes, busy * 1e-3))
         verdict = judge_samples(itertools.chain(*self._recent.values()), world_size=peers.world_size, nodes=nodes)
         summary = NATIVE_LINE if self._native_only and not links else verdict.summary_line(per="steps")
-        self.recorder.record_links(LinkTimes(step=step.step, links=links, spans=tuple(spans), verdict=verdict,
-                                             summary=summary, rank=peers.rank))
+        self._line = summary
+        record = LinkTimes(step=step.step, links=links, spans=tuple(spans), verdict=verdict, summary=summary,
+                           rank=peers.rank)
+        if self.recorder.spreads_at(step.step):
+            self.recorder.record(record, group=step.group)
+        elif record.spans:  # a trace step only: its link tracks, no scalars
+            self.recorder.record(Trace(step.step, tuple(record.trace_events())), group=step.group)
+
+    def summary_line(self) -> str | None:
+        """With ``links=True``: which link or network is slow, over the recent steps."""
+        return self._line if self.recorder.options.links else None
 
 
 def _time_link(src: int, dst: int, mine, their_posts, offset: float) -> tuple[int, float, list[LinkSpan]]:

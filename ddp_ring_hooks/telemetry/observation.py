@@ -7,15 +7,19 @@ bucket to its watchers (:class:`~.watcher.Watcher`), in this order:
 
 1. the per-bucket recorder (:class:`~.recorder.Telemetry`): TensorBoard, trace, summary;
 2. the advisor's timeline (:class:`~.timeline.Timeline`): compute around the buckets;
-3. per-link timing (:class:`~.link_timing.LinkTiming`, ``links=True``): which link is slow,
-   after the step (before the arrivals: its trace events join the window's gather);
-4. the arrivals gather (:class:`~.arrivals.ArrivalGather`): who arrived last, after the step;
-5. the stall watchdog (:class:`~.stall.StallWatchdog`): who everyone waits for, the timeout;
-6. the profiler's ranges (:class:`~.profiling.ProfilerRanges`), while a profiler runs;
+3. the arrivals gather (:class:`~.arrivals.ArrivalGather`): who arrived last, after the step;
+4. per-link timing (:class:`~.link_timing.LinkTiming`, ``links=True``): which link is slow,
+   after the step;
+5. the trace gather (:class:`~.arrivals.TraceGather`): every rank's trace events to rank 0 at
+   the window's last step, after the others' (so theirs are in);
+6. the stall watchdog (:class:`~.stall.StallWatchdog`): who everyone waits for, the timeout;
+7. the profiler's ranges (:class:`~.profiling.ProfilerRanges`), while a profiler runs;
 
 then to the user's own observers (``HookState(observers=...)``). One options object
 (:class:`~.options.TelemetryOptions`) configures them all; one pickling rule (the options
-survive, threads, files and marks do not); one :meth:`close`.
+survive, threads, files and marks do not); one :meth:`summary` (the recorder's table, then
+every watcher's line); one :meth:`close`. The watchers after the recorder are the table
+:data:`WATCHERS`: adding one is an entry there.
 
 Cost when nothing records: one clock mark and three small objects per bucket (on CUDA the mark
 is the event the communication stream waits for anyway), and the watchdog's timestamp per
@@ -26,23 +30,45 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from ..runtime.observer import ExecutionObserver
 from ..runtime.wire import BucketBytes, bucket_bytes
-from .arrivals import ArrivalGather
+from .arrivals import ArrivalGather, TraceGather
 from .exchange import StepExchange
 from .link_timing import LinkTiming
 from .options import TelemetryOptions, collect_telemetry_options
 from .profiling import ProfilerRanges
 from .recorder import Telemetry
+from .records import Text
 from .sinks import ADVICE_TAG, advice_panel
-from .stall import StallWatchdog
+from .stall import StallWatchdog, check_stall_timeout
 from .timeline import Timeline
 from .timer import DeviceTimers
 from .watcher import BucketWatch, StepWatch, Watcher
+
+
+class WatcherEntry(NamedTuple):
+    """One watcher of the table: its name (``Observation.by_name``) and how it is made from the
+    options and the recorder it writes through."""
+
+    name: str
+    make: Callable[[TelemetryOptions, Telemetry], Watcher]
+
+
+#: Every watcher after the recorder, in the order each bucket is shown to them (see the module
+#: docstring). Adding a watcher is one entry here (and its option a TelemetryOptions field).
+WATCHERS: tuple[WatcherEntry, ...] = (
+    WatcherEntry("timeline", lambda options, recorder: Timeline(log_dir=options.log_dir)),
+    WatcherEntry("arrivals", lambda options, recorder: ArrivalGather(recorder)),
+    WatcherEntry("link_timing", lambda options, recorder: LinkTiming(recorder)),
+    WatcherEntry("trace_gather", lambda options, recorder: TraceGather(recorder)),
+    WatcherEntry("stall", StallWatchdog),
+    WatcherEntry("profiler_ranges", lambda options, recorder: ProfilerRanges()),
+)
 
 
 class Observation:
@@ -77,18 +103,22 @@ class Observation:
 
     def _start(self, recorder: Telemetry) -> None:
         self.recorder = recorder
-        self.timeline = Timeline(log_dir=self.options.log_dir)
-        self.watchdog = StallWatchdog(self.options, recorder)
-        self.watchers: tuple[Watcher, ...] = (
-            recorder, self.timeline, LinkTiming(recorder), ArrivalGather(recorder), self.watchdog,
-            ProfilerRanges(),
-        )
+        #: The watchers of the table by name (:data:`WATCHERS`).
+        self.by_name: dict[str, Watcher] = {entry.name: entry.make(self.options, recorder) for entry in WATCHERS}
+        self.timeline: Timeline = self.by_name["timeline"]
+        self.watchdog: StallWatchdog = self.by_name["stall"]
+        self.watchers: tuple[Watcher, ...] = (recorder, *self.by_name.values())
         self._timers = DeviceTimers()  # the one timer pool: one CUDA clock anchor per GPU
         self._exchange = StepExchange()
         self._open: StepWatch | None = None  # the step whose buckets are being handed over
         self._exchangers: tuple[Watcher, ...] = ()  # the watchers that exchange after it
         self._ranks: tuple[int, int] | None = None  # (rank, world size) in the hook's group
         self._lock = threading.Lock()  # step bookkeeping: buckets finish on several threads
+
+    def check_group(self, group) -> None:
+        """The options that depend on the hook's group, checked when the state is built (a
+        ``stall_timeout`` its own timeout would beat)."""
+        check_stall_timeout(self.options, group)
 
     # -- the hook thread ---------------------------------------------------------------------
 
@@ -118,8 +148,8 @@ class Observation:
             opened.exchanged = bool(self._exchangers)
         bucket = BucketWatch(self, opened, timer, handed, buffer, index=index, is_last=is_last, algorithm=algorithm,
                              size=size or bucket_bytes(buffer, None))
-        seen = [watcher.on_bucket(bucket) for watcher in self.watchers]
-        bucket.watched_by((*(observer for observer in seen if observer is not None), *self.observers))
+        seen = tuple(watcher.on_bucket(bucket) for watcher in self.watchers)
+        bucket.watched_by(seen, (*(observer for observer in seen if observer is not None), *self.observers))
         if opened.marked:
             with self._lock:
                 opened.buckets.append(bucket)
@@ -138,9 +168,10 @@ class Observation:
 
     def launched(self, bucket: BucketWatch, future: torch.futures.Future) -> torch.futures.Future:
         """``future`` will complete ``bucket``: every watcher may put a Future of its own in its
-        place (in order); the last one is DDP's. After a step's last bucket, queue its exchange."""
-        for watcher in self.watchers:
-            future = watcher.launched(bucket, future)
+        place (in order; each is given the observer it returned for the bucket); the last one is
+        DDP's. After a step's last bucket, queue its exchange."""
+        for watcher, observer in zip(self.watchers, bucket.seen):
+            future = watcher.launched(bucket, future, observer)
         bucket.future = future
         step = self._open
         if step is not None and step.step == bucket.step and step.exchanged:
@@ -148,6 +179,15 @@ class Observation:
             if bucket.is_last:
                 self._exchange.submit(step, self._exchangers)
         return future
+
+    def summary(self) -> str:
+        """The recorder's table (:meth:`~.recorder.Telemetry.summary`), then every watcher's
+        line (:meth:`~.watcher.Watcher.summary_line`: stragglers, links, ...)."""
+        text = self.recorder.summary()
+        if not self.recorder.watched:
+            return text  # nothing watched: the table says how to ask for it
+        lines = [watcher.summary_line() for watcher in self.watchers[1:]]
+        return "\n".join([text, *(line for line in lines if line)])
 
     def stall_report(self) -> str | None:
         """The stall watchdog's latest finding while a bucket waits too long (who is stalled)."""
@@ -177,7 +217,7 @@ class Observation:
                 text = self.advice(self.timeline.records())
             except ValueError as error:  # too few steps, nothing measured: say why
                 text = f"no advice: {error}"
-            self.recorder.write_text(ADVICE_TAG, advice_panel(text), group=self.timeline.group)
+            self.recorder.record(Text(0, ADVICE_TAG, advice_panel(text)), group=self.timeline.group)
         for watcher in self.watchers:
             watcher.close()
 

@@ -22,20 +22,20 @@ other steps cost one integer comparison. The hook group's rank 0 writes files by
 :func:`.options.group_log_dir`); with ``per_rank=True`` every rank writes to
 ``log_dir/rank_{r}``. Every rank keeps its own summary.
 
-Across ranks (``spread_every=N``, and the steps of the trace window) the arrivals watcher
-(:mod:`.arrivals`) gathers every rank's arrival after the step and hands the result to
-:meth:`Telemetry.record_ranks`; this recorder only records it, and offers its trace events
-(:meth:`Telemetry.local_trace_events`) to gather. At the end of the trace window rank 0
-receives every rank's trace events (:meth:`Telemetry.add_peer_traces`) and writes one merged,
-aligned ``comm_trace.json``. With ``links=True`` the per-link watcher (:mod:`.link_timing`)
-hands each gathered step's links to :meth:`Telemetry.record_links`, routed the same way. Homes: the options and their checks are in :mod:`.options`; marks
-to records in :mod:`.bucket_marks`; the sinks in :mod:`.sinks`, :mod:`.trace`, :mod:`.summary`.
+Every other watcher writes through :meth:`Telemetry.record`: one protocol
+(:class:`~.records.Record`: scalars, texts, trace events), queued like the steps and handed to
+every sink's ``write_record``, which takes the forms it knows. The arrivals watcher
+(:mod:`.arrivals`) records what it gathered after spread and trace steps (and offers this
+recorder's trace events, :meth:`Telemetry.local_trace_events`, for rank 0's one merged, aligned
+``comm_trace.json``); the per-link watcher (:mod:`.link_timing`) each gathered step's links; the
+advice and the stall watchdog their text panels. Homes: the options and their checks are in
+:mod:`.options`; marks to records in :mod:`.bucket_marks`; the sinks in :mod:`.sinks`,
+:mod:`.trace`, :mod:`.summary`.
 """
 
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import os
 import queue
 import threading
@@ -47,9 +47,8 @@ import torch.distributed as dist
 
 from .bucket_marks import step_record
 from .options import TelemetryOptions, check_sink, collect_telemetry_options, group_log_dir
-from .records import LinkTimes, RankArrivals
+from .records import Record, Text
 from .sinks import Sink, TensorBoardSink
-from .stragglers import StragglerTally
 from .summary import SummaryTable
 from .trace import TraceSink
 from .watcher import StepWatch, Watcher
@@ -57,22 +56,6 @@ from .watcher import StepWatch, Watcher
 _STOP = object()
 _CLOSE_TIMEOUT_S = 30.0
 TRACE_FILE = "comm_trace.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class _PeerTraces:
-    """Rank 0's queue item: the other ranks' trace events for the merged trace file."""
-
-    traces: tuple[tuple[int, list[dict], float], ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Text:
-    """A text panel for this rank's own files (the advisor's at close, the stall watchdog's)."""
-
-    tag: str
-    text: str
-    step: int = 0
 
 
 class Telemetry(Watcher):
@@ -108,6 +91,11 @@ class Telemetry(Watcher):
         return not self._closed and bool(asked)
 
     @property
+    def watched(self) -> bool:
+        """Whether anything was asked for or recorded (if not, the summary says how to ask)."""
+        return self.enabled or self._writer is not None
+
+    @property
     def sink_failures(self) -> int:
         """Sink actions (write, flush, open) that raised: each cost a record or a flush."""
         return self._sink_failures
@@ -132,6 +120,10 @@ class Telemetry(Watcher):
     def _is_trace_step(self, step: int) -> bool:
         window = self.options.trace_steps
         return window is not None and step in window
+
+    def spreads_at(self, step: int) -> bool:
+        """Whether ``step`` is a spread step (``spread_every``): its gathered numbers are plotted."""
+        return self._is_spread_step(step)
 
     def gathers_ranks(self, step: int) -> bool:
         """Whether every rank's arrival is gathered at ``step`` (spread steps, and trace steps
@@ -167,35 +159,28 @@ class Telemetry(Watcher):
         with self._lock:
             self._dropped += 1
 
-    # -- across ranks: the arrivals watcher gathers, this recorder records --------------------
+    # -- every other watcher's records -------------------------------------------------------
 
-    def record_ranks(self, record: RankArrivals) -> None:
-        """Record what was gathered across ranks (never blocks; full queue: dropped)."""
+    def record(self, record: Record, *, group=None) -> None:
+        """Hand ``record`` (:class:`~.records.Record`) to every sink, off the caller's thread
+        (never blocks; full queue: dropped and counted). ``group``: the hook's, for a record
+        that comes before any step was (where this rank writes)."""
+        if self._closed or not self.enabled:
+            return
+        self._start(group)
         try:
             self._queue.put_nowait(record)
         except queue.Full:
             self._count_dropped()
 
-    def record_links(self, record: LinkTimes) -> None:
-        """Record every link's times of a step (``links=True``; never blocks; full queue: dropped)."""
-        self.record_ranks(record)
+    def write_text(self, tag: str, text: str, *, group=None, step: int = 0) -> None:
+        """A text panel (a :class:`~.records.Text` record) at ``step``."""
+        self.record(Text(step, tag, text), group=group)
 
     def local_trace_events(self) -> list[dict]:
         """This rank's trace events of the window, on its own clock (waits for the writer)."""
         self.flush()
         return [event for sink, _ in self._file_routes if isinstance(sink, TraceSink) for event in sink.events()]
-
-    def add_peer_traces(self, traces: list[tuple[int, list[dict], float]]) -> None:
-        """Rank 0: the other ranks' trace events ``(rank, events, clock offset ms)`` to merge
-        into its trace file, shifted onto its clock."""
-        self._queue.put(_PeerTraces(tuple(traces)), timeout=_CLOSE_TIMEOUT_S)
-
-    def write_text(self, tag: str, text: str, *, group=None, step: int = 0) -> None:
-        """A text panel into this rank's own TensorBoard run (``log_dir``), at ``step``."""
-        if self._closed or self.options.log_dir is None:
-            return
-        self._start(group)
-        self._queue.put(_Text(tag, text, step), timeout=_CLOSE_TIMEOUT_S)
 
     # -- starting, flushing, closing -------------------------------------------------------
 
@@ -222,7 +207,7 @@ class Telemetry(Watcher):
             # Kept in memory only, for rank 0 to gather into its merged trace.
             return [(TraceSink(None, steps=options.trace_steps), self._is_trace_step)] if options.trace_steps else []
         directory = os.path.join(self._directory, f"rank_{rank}") if options.per_rank else self._directory
-        # Logged steps; the gathered ranks of spread steps come through write_ranks.
+        # Logged steps; what watchers gather after spread steps comes through write_record.
         routes: list[tuple[Sink, Callable[[int], bool]]] = [(TensorBoardSink(directory), self._is_log_step)]
         if options.trace_steps is not None:
             routes.append((TraceSink(os.path.join(directory, TRACE_FILE), steps=options.trace_steps),
@@ -266,10 +251,9 @@ class Telemetry(Watcher):
                 warnings.warn(f"telemetry sink {type(sink).__name__} failed to close: {error}", stacklevel=2)
 
     def summary(self) -> str:
-        """The per-bucket summary table of the logged steps so far, as text; with
-        ``spread_every``, a line on stragglers (:class:`~.stragglers.StragglerTally`); with
-        ``links=True``, a last line on links (:mod:`.link_timing`)."""
-        if not self.enabled and self._writer is None:
+        """The per-bucket summary table of the logged steps so far, as text, and the latest of
+        every watcher's summarized scalars (the other watchers' lines: ``Observation.summary``)."""
+        if not self.watched:
             return ("no communication telemetry: pass log_dir=PATH or sinks=[...] to register/HookState "
                     "to record per-bucket timings")
         self.flush()
@@ -277,10 +261,6 @@ class Telemetry(Watcher):
         if self._sink_failures:  # the table counts what was measured, not what was written
             text += (f"\n  WARNING: {self._sink_failures} telemetry sink failures, so some of these steps "
                      f"are missing from the files; first: {self._first_sink_error}")
-        if self.options.spread_every:
-            text += f"\n{self._stragglers.render()}"
-        if self.options.links:
-            text += f"\n{self._links_line}"
         return text
 
     # -- writer thread -----------------------------------------------------------------------
@@ -299,8 +279,9 @@ class Telemetry(Watcher):
                 self._flush_sinks()
                 item.set()
                 continue
-            if isinstance(item, RankArrivals | LinkTimes | _PeerTraces | _Text):
-                self._deliver(item)
+            if isinstance(item, Record):  # a watcher's: every sink takes the forms it knows
+                for sink, _ in self._all_routes():
+                    self._guard(lambda: sink.write_record(item))
                 continue
             step, dropped = item
             record = self._guard(lambda: self._record_of(step, dropped))
@@ -315,28 +296,6 @@ class Telemetry(Watcher):
     def _record_of(step: StepWatch, dropped: int):
         clocks = step.read(_CLOSE_TIMEOUT_S)
         return None if clocks is None else step_record(step, clocks, dropped=dropped)
-
-    def _deliver(self, item: RankArrivals | LinkTimes | _PeerTraces | _Text) -> None:
-        """Gathered ranks and links of spread steps go to every sink that takes them
-        (``write_ranks``, ``write_links``), those of trace steps to the trace; peer traces to
-        the trace file; text to this rank's own TensorBoard run."""
-        if isinstance(item, _Text):
-            for sink, _ in self._file_routes:
-                if isinstance(sink, TensorBoardSink):
-                    self._guard(lambda: sink.write_text(item.tag, item.text, item.step))
-            return
-        spread = isinstance(item, RankArrivals | LinkTimes) and self._is_spread_step(item.step)
-        if isinstance(item, LinkTimes):
-            self._links_line = item.summary
-        elif spread:
-            self._stragglers.add(item)
-        method = "write_links" if isinstance(item, LinkTimes) else "write_ranks"
-        for sink, _ in self._all_routes():
-            if isinstance(item, _PeerTraces):
-                if isinstance(sink, TraceSink):
-                    self._guard(lambda: sink.add_peer_traces(item.traces))
-            elif (spread or isinstance(sink, TraceSink)) and callable(getattr(sink, method, None)):
-                self._guard(lambda: getattr(sink, method)(item))
 
     def _flush_sinks(self) -> None:
         for sink, _ in self._all_routes():
@@ -360,8 +319,6 @@ class Telemetry(Watcher):
     def _reset_runtime(self) -> None:
         options = self.options
         self._summary = SummaryTable(window=options.summary_window)
-        self._stragglers = StragglerTally(window=options.summary_window)
-        self._links_line = "links: no step's links timed yet (links=True times them on every spread_every-th step)"
         self._routes: tuple = ((self._summary, self._is_log_step), *((s, self._is_log_step) for s in options.sinks))
         self._file_routes: tuple = ()
         self._queue: queue.Queue = queue.Queue(maxsize=options.capacity)

@@ -1,5 +1,19 @@
 """What telemetry records: one :class:`BucketRecord` per gradient bucket, one :class:`StepRecord`
-per optimizer step (one DDP reduction), and the bandwidth formulas they use.
+per optimizer step (one DDP reduction), the bandwidth formulas they use, and the one protocol
+by which every watcher hands its own records to the sinks (:class:`Record`).
+
+**The watchers' records.** A watcher writes anything through one protocol: a :class:`Record`
+has a ``step`` and up to three forms, and every sink takes the forms it knows and leaves the
+rest (``Sink.write_record``), so a new watcher needs no new sink method::
+
+    form                 TensorBoard          trace (comm_trace.json)     summary
+    scalars()  tag->x    a scalar per tag     a counter track per tag     the latest value (summarized)
+    texts()    tag->s    a text panel         -                           -
+    trace_events()       -                    its events, in the window   -
+
+:class:`Scalars` (numbers under tags, at a moment), :class:`Text` and :class:`Trace` are the
+generic records; :class:`RankArrivals` and :class:`LinkTimes` are the arrivals' and the
+per-link watcher's, the same protocol with their own tags and tracks.
 
 Times are milliseconds. Bandwidths follow nccl-tests (``doc/PERFORMANCE.md``), in GB/s with
 GB = 1e9 bytes, so the numbers compare directly with ``all_reduce_perf`` and NCCL's Inspector::
@@ -23,7 +37,13 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from .trace_format import (
+    ARRIVAL_TID, LINKS_PID, clock_event, counter_event, link_tid, slice_event, track_names,
+)
 
 
 def all_reduce_bus_factor(world_size: int) -> float:
@@ -123,8 +143,81 @@ class StepRecord:
     dropped: int = 0
 
 
+class Record:
+    """What a watcher hands the sinks (see the module docstring): a ``step`` (the optimizer
+    step it belongs to) and up to three forms, each empty unless a record has it.
+    ``summarized``: the summary shows the latest value of its scalars."""
+
+    step: int
+    summarized = False
+    #: Trace events of other ranks, already on this rank's clock (rank 0's merged trace).
+    merged_ranks: tuple[int, ...] = ()
+
+    def scalars(self) -> Mapping[str, float]:
+        """TensorBoard tags and their values at ``step``."""
+        return {}
+
+    def texts(self) -> Mapping[str, str]:
+        """TensorBoard text panels (tag -> Markdown) at ``step``."""
+        return {}
+
+    def trace_events(self) -> list[dict]:
+        """Chrome trace events on the recording rank's clock (``trace_format``)."""
+        return []
+
+
+def now_ms() -> float:
+    """This process's monotonic clock in ms, the clock of every mark (``time.perf_counter``)."""
+    return time.perf_counter() * 1e3
+
+
 @dataclass(frozen=True)
-class RankArrivals:
+class Scalars(Record):
+    """Numbers under TensorBoard ``tags`` at optimizer ``step``, taken on ``rank`` at ``at_ms``
+    (this process's clock): what a watcher writes. TensorBoard plots each tag, the trace shows
+    a counter track per tag, the summary keeps the latest value of each."""
+
+    step: int
+    tags: Mapping[str, float]
+    rank: int = 0
+    at_ms: float = field(default_factory=now_ms)
+    summarized = True
+
+    def scalars(self) -> Mapping[str, float]:
+        return self.tags
+
+    def trace_events(self) -> list[dict]:
+        return [counter_event(tag, self.rank, self.at_ms, float(value)) for tag, value in self.tags.items()]
+
+
+@dataclass(frozen=True)
+class Text(Record):
+    """A TensorBoard text panel ``tag`` (Markdown) at ``step``: the advice, the stall report."""
+
+    step: int
+    tag: str
+    text: str
+
+    def texts(self) -> Mapping[str, str]:
+        return {self.tag: self.text}
+
+
+@dataclass(frozen=True)
+class Trace(Record):
+    """Trace events of ``step`` on this rank's clock (a watcher's, on a step whose numbers go
+    to the trace only); ``merged_ranks``: the other ranks whose events these are, already moved
+    onto this rank's clock (rank 0's merged trace)."""
+
+    step: int
+    events: tuple[dict, ...]
+    merged_ranks: tuple[int, ...] = ()
+
+    def trace_events(self) -> list[dict]:
+        return list(self.events)
+
+
+@dataclass(frozen=True)
+class RankArrivals(Record):
     """When every rank of the group handed its buckets over in one step, on one time axis.
 
     A rank *arrives* when backward hands its last bucket to the hook: from then on it can only
@@ -188,6 +281,32 @@ class RankArrivals:
     def total_ms_known(self) -> bool:
         return not any(math.isnan(total) for total in self.total_ms)
 
+    # -- as a record (``comm/ranks/*``, the arrival track) ---------------------------------------
+
+    def scalars(self) -> Mapping[str, float]:
+        tags = {"comm/ranks/straggler_rank": self.straggler, "comm/ranks/straggler_wait_ms": self.straggler_wait_ms,
+                "comm/ranks/arrival_spread_ms": self.arrival_spread_ms, "comm/ranks/clock_error_ms": self.clock_error_ms}
+        if self.total_ms_known:
+            totals = self.total_ms
+            tags.update({"comm/ranks/total_ms_min": min(totals), "comm/ranks/total_ms_max": max(totals),
+                         "comm/ranks/total_ms_spread": max(totals) - min(totals)})
+        return tags
+
+    def trace_events(self) -> list[dict]:
+        """The recording rank's handing over and its wait for the straggler, back on its own
+        clock, and how that clock relates to rank 0's."""
+        pid, offset = self.rank, self.offsets_ms[self.rank]
+        first, last = self.first_ms[pid] + offset, self.last_ms[pid] + offset
+        args = {"step": self.step, "straggler": self.straggler, "clock_error_ms": self.clock_error_ms}
+        events = [*track_names(pid, ARRIVAL_TID, f"rank {pid}", "arrival"),
+                  slice_event(f"handing over step {self.step}", pid, ARRIVAL_TID, first, last - first, args),
+                  clock_event(pid, offset, self.clock_error_ms)]
+        wait = self.waits_ms[pid]
+        if pid != self.straggler:
+            events.append(slice_event(f"wait for rank {self.straggler} step {self.step}", pid, ARRIVAL_TID, last, wait,
+                                      {**args, "wait_ms": wait}))
+        return events
+
 
 @dataclass(frozen=True)
 class LinkSpan:
@@ -209,7 +328,7 @@ class LinkSpan:
 
 
 @dataclass(frozen=True)
-class LinkTimes:
+class LinkTimes(Record):
     """Every directed link of the group in one step, timed from the hook's own transfers.
 
     ``links[(src, dst)]`` is ``(nbytes, busy_ms)``: the bytes the step's schedules moved from
@@ -231,3 +350,29 @@ class LinkTimes:
         """``link``'s bytes per second in this step (0 when nothing moved or no time was measured)."""
         nbytes, busy = self.links.get(link, (0, 0.0))
         return nbytes / (busy * 1e-3) if busy > 0 else 0.0
+
+    # -- as a record (``comm/links/*``, a track per directed link) -------------------------------
+
+    def scalars(self) -> Mapping[str, float]:
+        """The naming rule's, over the links' recent steps: the slowest link's ends and MB/s
+        (1e6 bytes/s), the median of all links, the rank whose network is slow (-1: none)."""
+        verdict = self.verdict
+        if verdict is None or verdict.slowest is None:  # nothing measured yet
+            return {}
+        src, dst = verdict.slowest
+        return {"comm/links/slowest_src": src, "comm/links/slowest_dst": dst,
+                "comm/links/slowest_MBps": verdict.bandwidths[(src, dst)] / 1e6,
+                "comm/links/median_MBps": verdict.median_Bps / 1e6, "comm/links/slow_nic_rank": verdict.slow_nic_rank}
+
+    def trace_events(self) -> list[dict]:
+        """The recording rank's incoming links, one track each in a ``links`` process, a slice
+        per busy span (its clock)."""
+        events: list[dict] = []
+        for span in self.spans:
+            tid = link_tid(span.src, span.dst)
+            events += track_names(LINKS_PID, tid, "links", f"link {span.src}→{span.dst}")
+            duration_ms = span.end_ms - span.start_ms
+            events.append(slice_event(f"{span.src}→{span.dst}", LINKS_PID, tid, span.start_ms, duration_ms, {
+                "step": self.step, "bytes": span.nbytes, "transfers": span.transfers,
+                "MBps": span.nbytes / (duration_ms * 1e3) if duration_ms > 0 else 0.0, "waited_ms": span.waited_ms}))
+        return events

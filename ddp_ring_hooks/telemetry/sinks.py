@@ -1,10 +1,11 @@
-"""Where step records go: the sink interface, memory, and TensorBoard with its layout.
+"""Where records go: the sink interface, memory, and TensorBoard with its layout.
 
-A sink gets finished :class:`~.records.StepRecord` s through ``write`` on the recorder's
-writer thread, never on the training path, so a slow disk slows nobody. ``flush`` and
-``close`` are called on that thread too (or after it stopped); sinks need no locks. The other
-sinks live with their formats: the Chrome/Perfetto trace in :mod:`.trace`, the summary table
-in :mod:`.summary`.
+A sink gets finished :class:`~.records.StepRecord` s through ``write``, and every watcher's
+records (:class:`~.records.Record`: scalars, texts, trace events) through ``write_record``, on
+the recorder's writer thread, never on the training path, so a slow disk slows nobody.
+``flush`` and ``close`` are called on that thread too (or after it stopped); sinks need no
+locks. The other sinks live with their formats: the Chrome/Perfetto trace in :mod:`.trace`,
+the summary table in :mod:`.summary`.
 
 TensorBoard tags (stable: dashboards are built on them)::
 
@@ -16,6 +17,8 @@ TensorBoard tags (stable: dashboards are built on them)::
     comm/links/slowest_src  slowest_dst  slowest_MBps  median_MBps  slow_nic_rank
                                                          (with spread_every and links=True)
     comm/advice                                          (text, when the hook state closes)
+    comm/stall                                           (text, while a rank stalls)
+    any watcher's own tags                               (its Scalars and Text records)
 
 ``wire_bytes`` is what the bucket's transfers carried (half its ``bytes`` with
 ``wire_dtype="bf16"``); ``busbw_GBps`` is computed on it (the links' load), ``algbw_GBps`` on
@@ -34,26 +37,23 @@ import collections
 import os
 
 from .fast_checksum import use_fast_checksum
-from .records import LinkTimes, RankArrivals, StepRecord
+from .records import LinkTimes, RankArrivals, Record, StepRecord
 
 #: The advisor's text panel, written next to the ``comm/*`` charts.
 ADVICE_TAG = "comm/advice"
 
 
 class Sink:
-    """Receives step records. Override ``write``; ``flush`` and ``close`` default to nothing."""
+    """Receives step records. Override ``write``; ``write_record``, ``flush`` and ``close``
+    default to nothing."""
 
     def write(self, record: StepRecord) -> None:
         raise NotImplementedError
 
-    def write_ranks(self, record: RankArrivals) -> None:
-        """Every rank's arrival in one step (gathered with ``spread_every``); ignored by default."""
-
-    def write_links(self, record: LinkTimes) -> None:
-        """Every link's times in one step (``links=True``); ignored by default."""
-
-    def write_text(self, tag: str, text: str, step: int) -> None:
-        """A text panel (the advisor's, when the hook state closes); ignored by default."""
+    def write_record(self, record: Record) -> None:
+        """A watcher's record (:class:`~.records.Record`: the forms it has, scalars, texts, trace
+        events): every arrival gathered with ``spread_every``, every link's times with
+        ``links=True``, the advice and stall panels, any watcher's own. Ignored by default."""
 
     def flush(self) -> None:
         """Make everything written so far durable or visible."""
@@ -77,31 +77,32 @@ class MemorySink(Sink):
 
     def __init__(self, maxlen: int = 10_000) -> None:
         self._records: collections.deque[StepRecord] = collections.deque(maxlen=maxlen)
-        self._ranks: collections.deque[RankArrivals] = collections.deque(maxlen=maxlen)
-        self._links: collections.deque[LinkTimes] = collections.deque(maxlen=maxlen)
+        self._watched: collections.deque[Record] = collections.deque(maxlen=maxlen)
 
     @property
     def records(self) -> list[StepRecord]:
         return list(self._records)
 
     @property
+    def watched(self) -> list[Record]:
+        """Every watcher's records, in the order they came."""
+        return list(self._watched)
+
+    @property
     def ranks(self) -> list[RankArrivals]:
         """The gathered arrivals of every rank, one per gathered step."""
-        return list(self._ranks)
+        return [record for record in self._watched if isinstance(record, RankArrivals)]
 
     @property
     def links(self) -> list[LinkTimes]:
         """Every link's times, one record per gathered step (``links=True``)."""
-        return list(self._links)
+        return [record for record in self._watched if isinstance(record, LinkTimes)]
 
     def write(self, record: StepRecord) -> None:
         self._records.append(record)
 
-    def write_ranks(self, record: RankArrivals) -> None:
-        self._ranks.append(record)
-
-    def write_links(self, record: LinkTimes) -> None:
-        self._links.append(record)
+    def write_record(self, record: Record) -> None:
+        self._watched.append(record)
 
 
 class TensorBoardSink(Sink):
@@ -175,42 +176,16 @@ class TensorBoardSink(Sink):
         add("comm/telemetry/dropped", record.dropped)
         self._write_values(values, step)
 
-    def write_ranks(self, record: RankArrivals) -> None:
+    def write_record(self, record: Record) -> None:
+        """Its scalars, one event at its step; its texts, a panel each."""
         from tensorboard.compat.proto.summary_pb2 import Summary
 
-        values = [
-            Summary.Value(tag=f"comm/ranks/{tag}", simple_value=float(value))
-            for tag, value in (
-                ("straggler_rank", record.straggler),
-                ("straggler_wait_ms", record.straggler_wait_ms),
-                ("arrival_spread_ms", record.arrival_spread_ms),
-                ("clock_error_ms", record.clock_error_ms),
-            )
-        ]
-        if record.total_ms_known:
-            totals = record.total_ms
-            values += [
-                Summary.Value(tag="comm/ranks/total_ms_min", simple_value=min(totals)),
-                Summary.Value(tag="comm/ranks/total_ms_max", simple_value=max(totals)),
-                Summary.Value(tag="comm/ranks/total_ms_spread", simple_value=max(totals) - min(totals)),
-            ]
-        self._write_values(values, record.step + self.step_offset)
-
-    def write_links(self, record: LinkTimes) -> None:
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
-        verdict = record.verdict
-        if verdict is None or verdict.slowest is None:  # nothing measured yet
-            return
-        src, dst = verdict.slowest
-        values = [
-            Summary.Value(tag=f"comm/links/{tag}", simple_value=float(value))
-            for tag, value in (
-                ("slowest_src", src), ("slowest_dst", dst), ("slowest_MBps", verdict.bandwidths[(src, dst)] / 1e6),
-                ("median_MBps", verdict.median_Bps / 1e6), ("slow_nic_rank", verdict.slow_nic_rank),
-            )
-        ]
-        self._write_values(values, record.step + self.step_offset)
+        step = record.step + self.step_offset
+        values = [Summary.Value(tag=tag, simple_value=float(value)) for tag, value in record.scalars().items()]
+        if values:
+            self._write_values(values, step)
+        for tag, text in record.texts().items():
+            self.writer.add_text(tag, text, global_step=step)
 
     def _write_values(self, values: list, step: int) -> None:
         if self._layout_pending:
@@ -221,9 +196,6 @@ class TensorBoardSink(Sink):
         # SummaryWriter's own add_scalar goes through this same (underscored) accessor, which
         # torch's and tensorboardX's writers both have.
         self.writer._get_file_writer().add_summary(Summary(value=values), step)
-
-    def write_text(self, tag: str, text: str, step: int) -> None:
-        self.writer.add_text(tag, text, global_step=step + self.step_offset)
 
     def flush(self) -> None:
         self.writer.flush()

@@ -55,7 +55,8 @@ watcher of the observation (:mod:`.observation`) tells them apart, in five parts
    :meth:`StallWatchdog.launched`: the real completion, if it ever comes, is ignored) with a
    :class:`RankStalledError` that the hook state names as a ``HookFailedError``, every other
    open bucket with it, and the group's transfers are aborted
-   (:func:`~ddp_ring_hooks.runtime.abort.abort_transfers`): blocked threads are let go, the
+   (the group context's :meth:`~ddp_ring_hooks.runtime.group_context.GroupContext.abort`: the
+   group and everything made for it, per device): blocked threads are let go, the
    peers' transfers with this rank fail at once, the process can exit and torchrun restart it.
    A stalled rank stopped by a signal on this host is then sent ``SIGCONT``: it runs into the
    aborted group, fails and exits, instead of keeping torchrun's agent waiting on it. A busy
@@ -79,9 +80,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from ..runtime.abort import abort_transfers, group_timeout_s
+from ..runtime.abort import group_timeout_s
 from ..runtime.compat import group_store
 from ..runtime.errors import CommunicationError
+from ..runtime.group_context import context_of
 from ..runtime.observer import ExecutionObserver
 from .liveness import LocalEvidence, continue_stopped, this_process
 from .options import TelemetryOptions, group_log_dir
@@ -278,7 +280,6 @@ class StallWatchdog(Watcher):
         #: The flight recorder: the last finished buckets (appends only on the hot path).
         self.recent: deque[FinishedBucket] = deque(maxlen=FLIGHT_RECORDER_BUCKETS)
         self._open: dict[_BucketProgress, None] = {}  # running or queued, in hand-over order
-        self._handed: tuple[BucketWatch, _BucketProgress] | None = None  # between hand-over and launch
         self._training = (time.monotonic(), "starting", 0)  # (since, what, iteration)
         self._last_handed = -1  # the last iteration whose last bucket was handed over
         self._paused: tuple[str, ...] = ()  # HookState.paused, innermost last
@@ -358,7 +359,6 @@ class StallWatchdog(Watcher):
         if self._thread is None and not self._closed:
             self._start(bucket)
         progress = _BucketProgress(self, bucket)
-        self._handed = (bucket, progress)
         if bucket.index == 0:
             self._training = (progress.handed, "backward", progress.iteration)
         if bucket.is_last:
@@ -368,11 +368,12 @@ class StallWatchdog(Watcher):
             self._open[progress] = None
         return progress
 
-    def launched(self, bucket: BucketWatch, future: torch.futures.Future) -> torch.futures.Future:
+    def launched(self, bucket: BucketWatch, future: torch.futures.Future, progress: _BucketProgress | None,
+                 ) -> torch.futures.Future:
         """The Future DDP waits on: one this watchdog can fail at ``stall_timeout`` (on the CPU;
-        on CUDA the Future completes as the work is enqueued, long before anything could stall)."""
-        (handed, progress), self._handed = self._handed or (None, None), None
-        if handed is not bucket or progress.on_gpu or future.done():
+        on CUDA the Future completes as the work is enqueued, long before anything could stall).
+        ``progress``: what :meth:`on_bucket` returned for ``bucket``."""
+        if progress is None or progress.on_gpu or future.done():
             return future
         progress.explain = bucket.explain
         return progress.guard(future)
@@ -564,7 +565,7 @@ class StallWatchdog(Watcher):
         # Let the blocked threads go *before* DDP hears of the failure: a thread still inside
         # gloo's wait when the training script ends is killed by the interpreter's exit, and
         # that aborts the process ("terminate called without an active exception").
-        abort_transfers(self._group, peer=stuck_on)
+        context_of(self._group).abort(peer=stuck_on)
         self._continue(stopped)
         let_go_by = time.monotonic() + LET_GO_S
         for progress, failure in claimed:

@@ -1,4 +1,5 @@
-"""The summary table: per-bucket percentiles as text, like nccl-tests and DeepSpeed print."""
+"""The summary table: per-bucket percentiles as text, like nccl-tests and DeepSpeed print, and
+the latest value of every watcher's scalars (:class:`~.records.Scalars`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 from collections.abc import Iterable
 
 from ..schedules.wire import short_name
-from .records import StepRecord
+from .records import Record, StepRecord
 from .sinks import Sink
 
 
@@ -29,6 +30,7 @@ class SummaryTable(Sink):
         self._last: StepRecord | None = None
         self._first_step_keys: set[tuple[int, int, str]] = set()
         self._wire: dict[str, list[int]] = {}  # per wire dtype: [bytes of the buckets, bytes on the wire]
+        self._latest: dict[str, tuple[float, int]] = {}  # a watcher's tag -> (value, step)
 
     def write(self, record: StepRecord) -> None:
         for bucket in record.buckets:
@@ -48,10 +50,17 @@ class SummaryTable(Sink):
             self._exposed.add(record.exposed_ms, 0.0, 0.0)
             self._last = record
 
+    def write_record(self, record: Record) -> None:
+        if record.summarized:
+            for tag, value in record.scalars().items():
+                self._latest[tag] = (value, record.step)
+
     def render(self, *, dropped: int = 0) -> str:
-        """The table as text (a header line, one row per bucket, a per-step footer)."""
+        """The table as text (a header line, one row per bucket, a per-step footer, a line per
+        narrower wire dtype), then a line per watcher's tag: its latest value and step."""
+        latest = "".join(f"\n  {tag}: {value:g} (step {step})" for tag, (value, step) in self._latest.items())
         if self._last is None:
-            return "no communication recorded yet (no logged step has finished)"
+            return "no communication recorded yet (no logged step has finished)" + latest
         first = self._last.buckets[0]
         lines = [
             f"communication per bucket, rank {self._last.rank}: {first.algorithm} over "
@@ -73,7 +82,7 @@ class SummaryTable(Sink):
             f"  {short_name(wire)} on the wire: {on_wire / nbytes:.2f}x the bytes (busbw counts the bytes on the wire)"
             for wire, (nbytes, on_wire) in self._wire.items() if nbytes
         ]
-        return "\n".join(lines)
+        return "\n".join(lines) + latest
 
 
     def _first_step_only(self, key: tuple[int, int, str], row: _Row) -> bool:

@@ -289,15 +289,6 @@ class Timeline(Watcher):
                 self._file.close()
                 self._file = None
 
-    # -- pickling: options only --------------------------------------------------------------
-
-    def __getstate__(self) -> dict:
-        return {"log_dir": self.log_dir, "keep": self.keep}
-
-    def __setstate__(self, state: dict) -> None:
-        self.log_dir, self.keep = state["log_dir"], state["keep"]
-        self._reset()
-
 
 def read_timeline(path: str | os.PathLike) -> list[TimelineRecord]:
     """The records of a ``timeline.jsonl`` (a file, or the ``log_dir`` that holds one)."""

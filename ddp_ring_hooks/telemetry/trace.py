@@ -1,7 +1,8 @@
 """The Chrome/Perfetto trace format: a window of steps as slices on per-bucket tracks.
 
-:func:`trace_events` turns step records (and gathered arrivals) into Chrome trace events;
-:class:`TraceSink` keeps a window of them and writes ``comm_trace.json``. Rank 0's file holds
+:func:`trace_events` turns step records into Chrome trace events; :class:`TraceSink` keeps a
+window of them and of every watcher record's events (:class:`~.records.Record`: the arrivals,
+each link's spans, any watcher's counters) and writes ``comm_trace.json``. Rank 0's file holds
 every rank once they were gathered, already on its clock; :mod:`.trace_merge` joins the files
 of a ``per_rank`` run.
 """
@@ -14,9 +15,9 @@ import math
 import os
 from collections.abc import Iterable
 
-from .records import LinkTimes, RankArrivals, StepRecord
+from .records import Record, StepRecord
 from .sinks import Sink
-from .trace_merge import shift_events
+from .trace_format import CLOCK, EXPOSED_TID, slice_event, track_names
 
 
 class TraceSink(Sink):
@@ -45,17 +46,17 @@ class TraceSink(Sink):
     Times are this rank's monotonic clock; the file says how it relates to rank 0's
     (``ddp_ring_hooks.clock_offset_ms``), so files of several ranks can be put on one axis
     (:func:`~.trace_merge.merge_trace_files`, ``ddp-ring-hooks trace merge``). Rank 0's file holds
-    every rank once they were gathered (:meth:`add_peer_traces`), already aligned.
+    every rank once they were gathered (a record with ``merged_ranks``), already aligned.
     """
 
     def __init__(self, path: str | os.PathLike | None, *, steps: range | None = None, max_steps: int = 1000) -> None:
         self.path = None if path is None else os.fspath(path)
         self.steps = steps
         self._records: collections.deque[StepRecord] = collections.deque(maxlen=max_steps)
-        self._arrivals: collections.deque[RankArrivals] = collections.deque(maxlen=max_steps)
-        self._links: collections.deque[LinkTimes] = collections.deque(maxlen=max_steps)
+        self._watched: collections.deque[list[dict]] = collections.deque(maxlen=max_steps)  # each record's events
         self._peer_events: list[dict] = []
         self._merged_ranks: list[int] = []
+        self._clock: dict | None = None  # the latest CLOCK event's arguments
         self._dirty = False
 
     def write(self, record: StepRecord) -> None:
@@ -63,35 +64,41 @@ class TraceSink(Sink):
             self._records.append(record)
             self._dirty = True
 
-    def write_ranks(self, record: RankArrivals) -> None:
-        if self.steps is None or record.step in self.steps:
-            self._arrivals.append(record)
-            self._dirty = True
-
-    def write_links(self, record: LinkTimes) -> None:
-        if record.spans and (self.steps is None or record.step in self.steps):
-            self._links.append(record)
-            self._dirty = True
-
-    def add_peer_traces(self, traces) -> None:
-        """Other ranks' events ``(rank, events, clock offset ms)``, moved onto this rank's clock
-        (this is rank 0: offset 0)."""
-        for rank, events, offset_ms in traces:
-            self._peer_events.extend(shift_events(events, -offset_ms))
-            self._merged_ranks.append(rank)
+    def write_record(self, record: Record) -> None:
+        """A watcher record's events, in the window; the other ranks' (``merged_ranks``, rank 0's
+        merged trace) kept apart; our clock metadata taken into the file's header."""
+        if self.steps is not None and record.step not in self.steps:
+            return
+        events = record.trace_events()
+        if not events:
+            return
+        if record.merged_ranks:
+            self._peer_events.extend(events)
+            self._merged_ranks.extend(record.merged_ranks)
+        else:
+            clocks = [event for event in events if event.get("name") == CLOCK]
+            if clocks:
+                self._clock = clocks[-1]["args"]
+            self._watched.append([event for event in events if event.get("name") != CLOCK])
         self._dirty = True
 
     def events(self) -> list[dict]:
-        """This rank's own events (its clock)."""
-        return trace_events(self._records, self._arrivals) + link_events(self._links)
+        """This rank's own events (its clock), each track named once."""
+        events, named = trace_events(self._records), set()
+        for event in (event for record in self._watched for event in record):
+            if event["ph"] == "M":
+                key = (event["name"], event["pid"], event["tid"])
+                if key in named:
+                    continue
+                named.add(key)
+            events.append(event)
+        return events
 
     def clock(self) -> dict:
         """How this file's clock relates to rank 0's (from the last gathered arrivals)."""
-        if not self._arrivals:
+        if self._clock is None:
             return {"clock_offset_ms": 0.0, "clock_error_ms": 0.0, "clock_known": False}
-        last = self._arrivals[-1]
-        return {"clock_offset_ms": last.offsets_ms[last.rank], "clock_error_ms": last.clock_error_ms,
-                "clock_known": True}
+        return {**self._clock, "clock_known": True}
 
     def flush(self) -> None:
         if not self._dirty or self.path is None:
@@ -109,31 +116,17 @@ class TraceSink(Sink):
         self._dirty = False
 
 
-#: Track numbers after every bucket's (bucket i is track i).
-EXPOSED_TID, ARRIVAL_TID = 1_000_000, 1_000_001
-
-
-def trace_events(records: Iterable[StepRecord], arrivals: Iterable[RankArrivals] = ()) -> list[dict]:
-    """Chrome trace events (complete ``"X"`` slices, µs) for ``records``, and the recording
-    rank's arrival and wait in ``arrivals``, on that rank's clock."""
+def trace_events(records: Iterable[StepRecord]) -> list[dict]:
+    """Chrome trace events (complete ``"X"`` slices, µs) for ``records``, on the recording
+    rank's clock: a track per bucket (its queue, its slice, a slice per phase) and the step's
+    exposed part."""
     events: list[dict] = []
     named: set[tuple[int, int]] = set()
 
     def name_track(pid: int, tid: int, name: str) -> None:
-        if (pid, -1) not in named:
-            named.add((pid, -1))
-            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"rank {pid}"}})
-            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
         if (pid, tid) not in named:
-            named.add((pid, tid))
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
-            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
-
-    def slice_(name: str, pid: int, tid: int, start_ms: float, dur_ms: float, args: dict | None = None) -> None:
-        event = {"ph": "X", "name": name, "pid": pid, "tid": tid, "ts": start_ms * 1e3, "dur": max(dur_ms, 0.0) * 1e3}
-        if args:
-            event["args"] = args
-        events.append(event)
+            events.extend(track_names(pid, tid, f"rank {pid}", name)[0 if (pid, -1) not in named else 2:])
+            named.update({(pid, tid), (pid, -1)})
 
     for record in records:
         pid = record.rank
@@ -141,8 +134,9 @@ def trace_events(records: Iterable[StepRecord], arrivals: Iterable[RankArrivals]
             tid = bucket.index
             name_track(pid, tid, f"bucket {tid}")
             if bucket.queue_ms > 0.0:
-                slice_("queue", pid, tid, bucket.start_ms - bucket.queue_ms, bucket.queue_ms, {"step": record.step})
-            slice_(
+                events.append(slice_event("queue", pid, tid, bucket.start_ms - bucket.queue_ms, bucket.queue_ms,
+                                          {"step": record.step}))
+            events.append(slice_event(
                 f"bucket {bucket.index} step {record.step}", pid, tid, bucket.start_ms, bucket.time_ms,
                 {
                     "step": record.step, "bytes": bucket.nbytes, "wire_bytes": bucket.bytes_on_wire,
@@ -150,61 +144,15 @@ def trace_events(records: Iterable[StepRecord], arrivals: Iterable[RankArrivals]
                     "algorithm": bucket.algorithm, "world_size": bucket.world_size,
                     "busbw_GBps": _finite(bucket.busbw_GBps), "algbw_GBps": _finite(bucket.algbw_GBps),
                 },
-            )
+            ))
             for phase, offset in bucket.phase_offsets_ms.items():
-                slice_(phase, pid, tid, bucket.start_ms + offset, bucket.phases_ms[phase], {"step": record.step})
+                events.append(slice_event(phase, pid, tid, bucket.start_ms + offset, bucket.phases_ms[phase],
+                                          {"step": record.step}))
         if record.buckets:
             name_track(pid, EXPOSED_TID, "exposed")
             end_ms = max(b.start_ms + b.time_ms for b in record.buckets)  # the last to finish
-            slice_(f"exposed step {record.step}", pid, EXPOSED_TID, end_ms - record.exposed_ms, record.exposed_ms,
-                   {"total_ms": record.total_ms, "num_buckets": record.num_buckets})
-    for arrival in arrivals:
-        pid, offset = arrival.rank, arrival.offsets_ms[arrival.rank]  # back onto this rank's clock
-        name_track(pid, ARRIVAL_TID, "arrival")
-        first, last = arrival.first_ms[pid] + offset, arrival.last_ms[pid] + offset
-        args = {"step": arrival.step, "straggler": arrival.straggler, "clock_error_ms": arrival.clock_error_ms}
-        slice_(f"handing over step {arrival.step}", pid, ARRIVAL_TID, first, last - first, args)
-        wait = arrival.waits_ms[pid]
-        if pid != arrival.straggler:
-            slice_(f"wait for rank {arrival.straggler} step {arrival.step}", pid, ARRIVAL_TID, last, wait,
-                   {**args, "wait_ms": wait})
-    return events
-
-
-#: The process that holds every link's track, sorted after the ranks; link ``s→d``'s track.
-LINKS_PID = 1_000_000
-
-
-def link_tid(src: int, dst: int) -> int:
-    return src * 100_000 + dst
-
-
-def link_events(records: Iterable[LinkTimes]) -> list[dict]:
-    """Chrome trace events for the recording rank's incoming links in ``records`` (its clock):
-    one track per directed link in a ``links`` process, a slice per busy span."""
-    events: list[dict] = []
-    named: set[int] = set()
-    for record in records:
-        for span in record.spans:
-            tid = link_tid(span.src, span.dst)
-            if not named:
-                events.append({"ph": "M", "name": "process_name", "pid": LINKS_PID, "tid": 0, "args": {"name": "links"}})
-                events.append({"ph": "M", "name": "process_sort_index", "pid": LINKS_PID, "tid": 0,
-                               "args": {"sort_index": LINKS_PID}})
-            if tid not in named:
-                named.add(tid)
-                events.append({"ph": "M", "name": "thread_name", "pid": LINKS_PID, "tid": tid,
-                               "args": {"name": f"link {span.src}→{span.dst}"}})
-                events.append({"ph": "M", "name": "thread_sort_index", "pid": LINKS_PID, "tid": tid,
-                               "args": {"sort_index": tid}})
-            duration_ms = span.end_ms - span.start_ms
-            events.append({
-                "ph": "X", "name": f"{span.src}→{span.dst}", "pid": LINKS_PID, "tid": tid, "ts": span.start_ms * 1e3,
-                "dur": max(duration_ms, 0.0) * 1e3,
-                "args": {"step": record.step, "bytes": span.nbytes, "transfers": span.transfers,
-                         "MBps": span.nbytes / (duration_ms * 1e3) if duration_ms > 0 else 0.0,
-                         "waited_ms": span.waited_ms},
-            })
+            events.append(slice_event(f"exposed step {record.step}", pid, EXPOSED_TID, end_ms - record.exposed_ms,
+                                      record.exposed_ms, {"total_ms": record.total_ms, "num_buckets": record.num_buckets}))
     return events
 
 

@@ -12,11 +12,16 @@ per-bucket recorder, the advisor's timeline, the arrivals gather, the profiler's
         once per step                                                    order on every rank:
       watcher.on_bucket(bucket)                                            watcher.exchange(step,
         -> an ExecutionObserver                                                         peers)
-    launched(future)  watcher.launched(bucket, future) -> the Future DDP waits on
-                      (the last bucket of an exchanging step queues the exchange)
+    launched(future)  watcher.launched(bucket, future, observer) -> the Future DDP waits on
+                      (observer: what this watcher's on_bucket returned for this bucket; the
+                      last bucket of an exchanging step queues the exchange)
 
-Adding a watcher is a local change: a class with the methods below that it needs (each is a
-no-op here), added to the tuple of watchers the observation builds (``Observation._start``). Hot-path
+A watcher writes through the recorder's one protocol (``Telemetry.record``: a
+:class:`~.records.Scalars`, :class:`~.records.Text` or :class:`~.records.Trace` record, or one of
+its own with those forms), which every sink takes; the summary ends with every watcher's
+:meth:`~Watcher.summary_line`. Adding a watcher is two steps: a class with the methods below that
+it needs (each is a no-op here), and an entry in the observation's table of watchers
+(``observation.WATCHERS``), with an option of its own as a ``TelemetryOptions`` field. Hot-path
 methods (:meth:`~Watcher.wants_marks`, :meth:`~Watcher.on_bucket` and the observer they
 return) run on the training or communication thread: a comparison, a clock mark, an append;
 no I/O, no waiting, no lock held for long. Anything slower goes to a thread of the watcher's
@@ -56,10 +61,11 @@ class Watcher:
         :meth:`BucketWatch.running`)."""
         return None
 
-    def launched(self, bucket: BucketWatch, future):
-        """Hook thread: DDP will wait on ``future`` for ``bucket``; return it, or a Future that
-        completes with it unless this watcher fails it first (the stall watchdog, at
-        ``stall_timeout``). The next watcher is given what this one returns."""
+    def launched(self, bucket: BucketWatch, future, observer):
+        """Hook thread: DDP will wait on ``future`` for ``bucket``; ``observer`` is what this
+        watcher's :meth:`on_bucket` returned for it (``None`` if nothing). Return ``future``, or
+        a Future that completes with it unless this watcher fails it first (the stall watchdog,
+        at ``stall_timeout``). The next watcher is given what this one returns."""
         return future
 
     def on_step_done(self, step: StepWatch) -> None:
@@ -75,6 +81,11 @@ class Watcher:
         """On the exchange worker, after every bucket of ``step`` succeeded: talk to the other
         ranks through ``peers`` (:class:`~.exchange.Peers`). Exchanges run in step order, one
         watcher after the other, the same on every rank."""
+
+    def summary_line(self) -> str | None:
+        """A line for the end of the hook state's summary (``None``: none), read on the
+        caller's thread: who kept the others waiting, which link is slow."""
+        return None
 
     def close(self) -> None:
         """The hook state closes: write what is left, stop threads. Called once, in order."""
@@ -180,8 +191,11 @@ class BucketWatch(FanOut):
         self.future = None
         self.explain = None
 
-    def watched_by(self, observers: tuple[ExecutionObserver, ...]) -> None:
-        """The watchers' observers of this bucket (the observation sets them at hand-over)."""
+    def watched_by(self, seen: tuple, observers: tuple[ExecutionObserver, ...]) -> None:
+        """What each watcher's ``on_bucket`` returned (``seen``, in the watchers' order, ``None``
+        included: each watcher's ``launched`` is given its own), and the observers the executor's
+        calls go to (the observation sets them at hand-over)."""
+        self.seen = seen
         self._observers = observers
 
     # -- the executor's calls: marks first, then the watchers' observers -------------------

@@ -69,7 +69,7 @@ def snapshot(model: torch.nn.Module) -> list[torch.Tensor]:
 
 def wire_facts(state) -> dict:
     """What the hook state made of the wire options, and a digest of the parameters (ranks compare)."""
-    return {"wire": state.algorithm_options.get("wire_dtype"), "error_feedback": state._feedback is not None}
+    return {"wire": state.algorithm_options.get("wire_dtype"), "error_feedback": state.plan.feedback is not None}
 
 
 def parameters_digest(parameters: list[torch.Tensor]) -> str:

@@ -1,0 +1,120 @@
+"""What a hook state runs: its algorithm settled on the group, prepared, and the schedule per bucket.
+
+Built when the state is, on every rank of the group at once (collective):
+
+1. **Settle** what depends on the group: a ``ring_order`` of ``"hosts"`` or ``"measured"``
+   becomes a permutation (:func:`~ddp_ring_hooks.runtime.ring_orders.settle_ring_order`); for
+   ``auto``, its probe calibrates every candidate (:class:`~ddp_ring_hooks.runtime.selection.AutoSelector`),
+   which settles the candidates' orders on the way.
+2. **Prepare** the group's context (:class:`~ddp_ring_hooks.runtime.group_context.GroupContext`)
+   for exactly what these schedules need (:func:`~ddp_ring_hooks.runtime.group_context.needs_for`:
+   a transport per two-way pair on gloo, the CUDA side groups on NCCL; nothing for
+   ``native``), and hold it until :meth:`Plan.release`.
+
+Then, per bucket and local: :meth:`Plan.schedule_for` (``auto``: its choice for the size;
+``native``: ``None``), checked and cached by the registry; :meth:`Plan.wire_for`, the dtype its
+transfers carry (the ``wire_dtype`` option of what runs it); and, with ``error_feedback=True``
+on a narrower wire, :meth:`Plan.residual_for`, the bucket's residual
+(:class:`~.error_feedback.ErrorFeedback`, which the plan keeps). A plan pickles without its
+context (and with empty residuals: a checkpoint keeps those); after unpickling (or when built
+before ``init_process_group``) it prepares at its first bucket, on every rank's hook thread alike.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..runtime.group_context import GroupContext, context_of, needs_for
+from ..runtime.names import AUTO, has_schedule
+from ..runtime.ring_orders import settle_ring_order
+from ..runtime.selection import AutoSelector
+from ..runtime.wire import tensor_bytes, wire_dtype_for
+from ..schedules import Schedule, checked_schedule
+from .error_feedback import ErrorFeedback
+from .validation import validate_algorithm
+
+
+class Plan:
+    """The algorithm a hook state runs on its group (see the module docstring).
+
+    ``options``: the algorithm's resolved options (``auto``: its own and its candidates');
+    ``selector``: ``auto``'s calibrated chooser, ``None`` otherwise; ``feedback``: every bucket's
+    rounding residual (``error_feedback=True``, checked by :func:`~.options.sort_options`), ``None`` otherwise."""
+
+    def __init__(
+        self, group: dist.ProcessGroup | None, algorithm: str, options: dict, *, device: torch.device | str | None = None,
+        feedback: ErrorFeedback | None = None,
+    ) -> None:
+        self.algorithm = algorithm
+        self.device = None if device is None else torch.device(device)
+        self.feedback = feedback
+        self.selector: AutoSelector | None = None
+        if algorithm == AUTO:  # every rank meets here: the probe (which settles the candidates' ring orders)
+            self.selector = AutoSelector.probed(group, device=device, **options)
+            self.options = options
+        else:  # every rank meets here: "hosts", "measured" settle on one order
+            self.options = settle_ring_order(options, group)
+        self._context: GroupContext | None = None
+        if dist.is_available() and dist.is_initialized():
+            self.context(group)
+
+    def schedule_for(self, nbytes: int, world_size: int) -> Schedule | None:
+        """The (checked, cached) schedule of a bucket of ``nbytes``; ``None`` for ``native``."""
+        if self.selector is not None:
+            algorithm, options = self.selector.choose(nbytes)
+        else:
+            algorithm, options = self.algorithm, self.options
+        return checked_schedule(algorithm, world_size, nbytes=nbytes, **options) if has_schedule(algorithm) else None
+
+    def wire_for(self, buffer: torch.Tensor, schedule: Schedule | None) -> torch.dtype | None:
+        """The dtype ``buffer``'s transfers carry under ``schedule`` (``None``: native, whose wire
+        is an option of its own; the result ``None``: the buffer's own dtype); a ``TypeError``
+        naming the fix when the wire dtype is not narrower than the bucket."""
+        if schedule is not None:
+            return wire_dtype_for(buffer.dtype, schedule.options)
+        native = self.selector.choose(tensor_bytes(buffer))[1] if self.selector is not None else self.options
+        return wire_dtype_for(buffer.dtype, native)
+
+    def residual_for(self, bucket: int, buffer: torch.Tensor, wire: torch.dtype | None, *, parameters=None,
+                     is_last: bool) -> torch.Tensor | None:
+        """Bucket ``bucket``'s residual (hook thread, in DDP's order: it follows DDP's rebuild of
+        its buckets by ``parameters``), or ``None``: no error feedback, or nothing rounded."""
+        if self.feedback is None or wire is None:
+            return None
+        return self.feedback.prepare(bucket, buffer, parameters, is_last=is_last)
+
+    def schedules(self, world_size: int) -> list[Schedule]:
+        """Every schedule this plan can run (each candidate's, for ``auto``), at the smallest
+        size: what it needs of the group does not change with the size (its two-way pairs)."""
+        if self.selector is None:
+            validate_algorithm(self.algorithm, world_size, self.options)  # a builder's complaint, with context
+            runs = [(self.algorithm, self.options)]
+        else:
+            runs = [(a, self.selector.options.get(a, {})) for a in self.selector.candidates]
+        return [checked_schedule(a, world_size, nbytes=0, **options) for a, options in runs if has_schedule(a)]
+
+    def context(self, group: dist.ProcessGroup | None) -> GroupContext:
+        """The group's context, prepared for this plan and held (collective the first time)."""
+        context = self._context
+        if context is None:
+            context = context_of(group)
+            group = context.group
+            context.prepare(needs_for(self.schedules(group.size()), group, device=self.device))
+            context.hold()
+            self._context = context
+        return context
+
+    def release(self) -> None:
+        """Let go of the context (the last holder's release closes it); the next bucket prepares anew."""
+        context, self._context = self._context, None
+        if context is not None:
+            context.release()
+
+    def __getstate__(self) -> dict:
+        return {"algorithm": self.algorithm, "device": self.device, "selector": self.selector, "options": self.options,
+                "feedback": self.feedback}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._context = None

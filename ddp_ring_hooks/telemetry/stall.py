@@ -432,7 +432,11 @@ class StallWatchdog(Watcher):
                 published, published_at = content, now
             if self.failure is None:  # after the timeout, nothing is reported again
                 self._judge(waiting, state, dataclasses.replace(record, seq=self._seq), now)
-            self._wake.wait(self.poll_s)
+            # A change held back by the limit goes out as soon as the limit allows, not a whole
+            # poll later: a step's end must reach the store before what follows it (a
+            # checkpoint) may take the GIL, within half a poll.
+            held_back = content != published
+            self._wake.wait(max(0.0, self.poll_s / 2 - since_published) if held_back else self.poll_s)
             self._wake.clear()
             if self._stop.is_set():
                 return

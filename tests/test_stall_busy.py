@@ -58,7 +58,7 @@ def _hold_the_gil(seconds: float, *, prelude: float) -> float:
     object does): ``sum`` over a ``range`` never returns to the interpreter loop. Calibrated
     on a short run first; returns how long it held. Before it, ``prelude`` seconds of Python
     (a checkpoint's dict being built): unpaused, the watchdog publishes "after the all-reduce"
-    within a poll, and a hold that starts sooner leaves the others the record of the step
+    within half a poll (0.1 s here), and a hold that starts sooner leaves the others the record of the step
     before; ``paused()`` publishes before it returns, so under it the hold starts at once."""
     _busy_in_python(prelude)
     started = time.perf_counter()

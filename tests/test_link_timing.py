@@ -5,7 +5,8 @@
   link tracks.
 - Local gloo ranks on loopback (one spawn of 4 ranks): every scheduled algorithm of the
   registry times exactly the links its schedule uses, each with the bytes the schedule moves
-  over it, on every rank alike; ``native`` says it has no per-link view; the executor tells an
+  over it, on every rank alike; the arrivals and the links share one exchange (7 message
+  steps per gathered step, counted at the transport); ``native`` says it has no per-link view; the executor tells an
   observer with a clock of every unit, and one without a clock of none; the merged trace has a
   track per link.
 - On the emulated lab (real namespaces, shaped links; skipped without root), 4 hosts, 12
@@ -116,7 +117,50 @@ def _train_every_algorithm(rank: int, world_size: int, log_dir: str) -> dict:
         numels = [bucket.numel for bucket in memory.records[-1].buckets]
         results[(algorithm, tuple(sorted(options.items())))] = (
             [r.step for r in memory.links], last.links, numels, state.summary().splitlines()[-1])
-    return {"trained": results, "executor": _executor_contract(rank, world_size)}
+    return {"trained": results, "executor": _executor_contract(rank, world_size),
+            "messages": _exchange_messages()}
+
+
+def _exchange_messages() -> dict[str, float]:
+    """Messages this rank sends on the exchange's tag per gathered step, once the clocks are
+    aligned (the first exchange also pings): the arrivals alone, and with the links."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+    from ddp_ring_hooks.runtime import context_of
+    from ddp_ring_hooks.runtime.lanes import EXCHANGE
+    from ddp_ring_hooks.telemetry.exchange import EXCHANGE_TAG
+
+    sent: list[int] = []
+    # The exchange talks on the hook's group (Peers), never on a pair's. The class's own entry
+    # (pybind's instancemethod), bound to each group as it sends: the real send, counted.
+    real = vars(dist.ProcessGroup)["send"]
+
+    def counting(group, tensors, peer, tag):
+        if tag == EXCHANGE_TAG:
+            sent.append(peer)
+        return real.__get__(group)(tensors, peer, tag)
+
+    counts = {}
+    for name, links in (("arrivals", False), ("arrivals+links", True)):
+        model = DistributedDataParallel(torch.nn.Linear(64, 300))
+        state = ddp_ring_hooks.register(model, spread_every=1, links=links)
+        drained = context_of(state.group).worker(EXCHANGE)
+        model(torch.randn(4, 64)).sum().backward()
+        drained.submit(lambda: None).wait()
+        dist.ProcessGroup.send = counting
+        try:
+            for _ in range(2):
+                model(torch.randn(4, 64)).sum().backward()
+            drained.submit(lambda: None).wait()
+        finally:
+            dist.ProcessGroup.send = real
+        counts[name] = len(sent) / 2
+        sent.clear()
+        state.close()
+    return counts
 
 
 class _Clocked(ExecutionObserver):
@@ -193,6 +237,15 @@ def test_every_scheduled_algorithm_times_the_links_of_its_schedule_with_their_by
         assert summary.startswith("links: "), summary
         for other in results[1:]:  # every rank holds every link's numbers, the same
             assert other["trained"][(algorithm, options)][1] == links
+
+
+@pytest.mark.timeout(420)
+def test_the_arrivals_and_the_links_share_one_exchange_of_7_message_steps_at_4_ranks(every_algorithm):
+    # The ring of rows is 2(p - 1) = 6 message steps; the links add the trade of post marks
+    # (one message to the next rank), and their rows ride in the same gather: 7, not 6 + 7.
+    results, _ = every_algorithm
+    for result in results:
+        assert result["messages"] == {"arrivals": 6, "arrivals+links": 7}
 
 
 @pytest.mark.timeout(420)

@@ -15,7 +15,8 @@ peer, the bytes and when its end was ready; what one end cannot know is when the
              [max(sender posted, receiver posted), received]
          so a late peer's delay is waiting, not the link's time; a link's busy time is the
          union of its transfers' (slices in flight overlap), its bandwidth bytes / busy time
-      4. every rank's incoming links to every rank (Peers.rows, with each rank's node)
+      4. every rank's incoming links to every rank, with each rank's node: a row in the step's
+         one gather (:mod:`.exchange`), beside the arrivals'; no gather of its own
       5. the naming rule (:func:`ddp_ring_hooks.links.judge_samples`: each link's median over
          its last :data:`~ddp_ring_hooks.links.WINDOW` steps against the others, by tier)
          -> a :class:`~.records.LinkTimes` record (``comm/links/*``, the trace's link tracks;
@@ -69,6 +70,7 @@ class LinkTiming(Watcher):
         self._recent: dict[tuple[int, int], deque[LinkSample]] = {}
         self._native_only = True  # every bucket timed so far ran native
         self._line = NOT_YET_LINE  # the summary's (replaced whole by the exchange worker)
+        self._spans: tuple[LinkSpan, ...] = ()  # this rank's incoming links of the step being shared
 
     def _times(self, step: int) -> bool:
         return self.recorder.options.links and self.recorder.gathers_ranks(step)
@@ -88,7 +90,7 @@ class LinkTiming(Watcher):
     def exchanges_after(self, step: int) -> bool:
         return self._times(step)
 
-    def exchange(self, step, peers) -> None:
+    def share(self, step, peers) -> list[float]:
         offset = peers.clocks.offsets_ms[peers.rank]
         posts_to: dict[int, list[float]] = defaultdict(list)  # peer -> my sends' post marks, in order
         arrivals: dict[int, list[tuple[float, float, int]]] = defaultdict(list)  # peer -> (posted, received, bytes)
@@ -107,7 +109,10 @@ class LinkTiming(Watcher):
             nbytes, busy, link_spans = _time_link(src, peers.rank, mine, their_posts[src], offset)
             row[2 * src], row[2 * src + 1] = nbytes, busy
             spans += link_spans
-        rows = peers.rows([*row, *node_row(dist.get_rank())])  # 4.
+        self._spans = tuple(spans)
+        return [*row, *node_row(dist.get_rank())]  # 4. in the step's one gather
+
+    def shared(self, step, peers, rows) -> None:
         links = {(src, dst): (int(r[2 * src]), r[2 * src + 1]) for dst, r in enumerate(rows)
                  for src in range(peers.world_size) if r[2 * src] > 0}
         nodes, _ = nodes_of([r[-2:] for r in rows])
@@ -117,7 +122,7 @@ class LinkTiming(Watcher):
         verdict = judge_samples(itertools.chain(*self._recent.values()), world_size=peers.world_size, nodes=nodes)
         summary = NATIVE_LINE if self._native_only and not links else verdict.summary_line(per="steps")
         self._line = summary
-        record = LinkTimes(step=step.step, links=links, spans=tuple(spans), verdict=verdict, summary=summary,
+        record = LinkTimes(step=step.step, links=links, spans=self._spans, verdict=verdict, summary=summary,
                            rank=peers.rank)
         if self.recorder.spreads_at(step.step):
             self.recorder.record(record, group=step.group)

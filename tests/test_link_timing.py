@@ -6,7 +6,7 @@
 - Local gloo ranks on loopback (one spawn of 4 ranks): every scheduled algorithm of the
   registry times exactly the links its schedule uses, each with the bytes the schedule moves
   over it, on every rank alike; the arrivals and the links share one exchange (7 message
-  steps per gathered step, counted at the transport); ``native`` says it has no per-link view; the executor tells an
+  steps per gathered step, counted at the transport); ``native`` times its ring links by a probe and says so; the executor tells an
   observer with a clock of every unit, and one without a clock of none; the merged trace has a
   track per link.
 - On the emulated lab (real namespaces, shaped links; skipped without root), 4 hosts, 12
@@ -249,11 +249,20 @@ def test_the_arrivals_and_the_links_share_one_exchange_of_7_message_steps_at_4_r
 
 
 @pytest.mark.timeout(420)
-def test_native_has_no_per_link_view_and_says_so(every_algorithm):
+def test_native_times_its_ring_links_by_a_probe_every_other_step_and_says_so(every_algorithm):
+    # native's own transfers are invisible: steps 1 and 3 (PROBE_EVERY = 2) carry a probe of
+    # PROBE_BYTES from each rank to the next, on the context's probe group, timed on both ends.
+    from ddp_ring_hooks.telemetry.native_probe import PROBE_BYTES, PROBE_EVERY
+
+    assert PROBE_EVERY == 2
     results, _ = every_algorithm
-    steps, links, _, summary = results[0]["trained"][("native", ())]
-    assert steps == [1, 2, 3] and links == {}
-    assert summary == NATIVE_LINE
+    for result in results:
+        steps, links, _, summary = result["trained"][("native", ())]
+        assert steps == [1, 2, 3]
+        assert {link: nbytes for link, (nbytes, _) in links.items()} == {(r, (r + 1) % 4): PROBE_BYTES for r in range(4)}
+        assert all(busy > 0 for _, busy in links.values()), links
+        assert summary.startswith("links (probe): ") and summary != NATIVE_LINE, summary
+        assert links == results[0]["trained"][("native", ())][1]  # every rank holds the same numbers
 
 
 @pytest.mark.timeout(420)

@@ -299,9 +299,9 @@ def flat_lab(lab_machine):
         yield lab
 
 
-def train_on_lab(lab, out: Path, *options: str) -> list[dict]:
+def train_on_lab(lab, out: Path, *options: str, steps: int = STEPS) -> list[dict]:
     """The job on every host of ``lab`` (one rank per host); every rank's ``rank{r}.json``."""
-    lab.run([sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS), *options],
+    lab.run([sys.executable, str(JOB), "--out", str(out), "--steps", str(steps), *options],
             env={"PYTHONPATH": str(REPO)}, timeout=240)
     results = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(lab.hosts)]
     assert len({result["checksum"] for result in results}) == 1  # training itself is unchanged
@@ -382,6 +382,50 @@ def test_a_rank_late_for_compute_is_the_straggler_and_no_link_is_blamed(flat_lab
     assert straggler_line.startswith("stragglers: rank 1 arrived last in ")
     assert all(step["named"] == [] for step in first["steps"]), first["steps"]
     assert links_line.startswith("links: no slow link: median ")
+
+
+# -- the same with diagnose=True (spread_every="auto"; under native, the probe) --------------------
+
+#: Detection with the one switch: within this many steps (issue 32's target).
+DETECT_WITHIN = 20
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("algorithm", ["ring", "native"])
+def test_diagnose_names_a_4x_slower_nic_within_20_steps(flat_lab, tmp_path, algorithm):
+    flat_lab.set_rate("100Mbit", host=2)
+    try:
+        [first, *_] = train_on_lab(flat_lab, tmp_path, "--diagnose", "--algorithm", algorithm, steps=2 * DETECT_WITHIN)
+    finally:
+        flat_lab.set_rate("400Mbit", host=2)
+    named = [step["step"] for step in first["steps"] if step["slow_nic_rank"] == 2]
+    assert named and named[0] <= DETECT_WITHIN, first["steps"]
+    # From then on every verdict names it (a record per gathered step: the cadence's gaps).
+    assert all(step["slow_nic_rank"] == 2 for step in first["steps"] if step["step"] >= named[0]), first["steps"]
+    links_line = first["summary"].splitlines()[-1]
+    prefix = "links (probe): " if algorithm == "native" else "links: "
+    assert links_line.startswith(f"{prefix}rank 2's network is slow: "), links_line
+    assert "cadence: auto" in first["summary"]
+
+
+@pytest.mark.timeout(300)
+def test_diagnose_on_equal_links_names_nothing_in_200_steps(flat_lab, tmp_path):
+    [first, *_] = train_on_lab(flat_lab, tmp_path, "--diagnose", steps=200)
+    assert all(step["named"] == [] and step["slow_nic_rank"] == -1 for step in first["steps"]), first["steps"]
+    assert first["summary"].splitlines()[-1].startswith("links: no slow link: median ")
+    assert len(first["steps"]) < 200 or "now every step" in first["summary"]  # the cadence spaced them, or said why not
+
+
+@pytest.mark.timeout(240)
+def test_diagnose_names_a_compute_straggler_within_20_steps_and_blames_no_link(flat_lab, tmp_path):
+    [first, *_] = train_on_lab(flat_lab, tmp_path, "--diagnose", "--delay-rank", "1", "--delay-ms", "60",
+                               steps=2 * DETECT_WITHIN)
+    stragglers = {int(step): rank for step, rank in first["stragglers"].items() if int(step) > SKIP}
+    assert sum(rank == 1 for step, rank in stragglers.items() if step <= DETECT_WITHIN) >= 0.9 * len(
+        [s for s in stragglers if s <= DETECT_WITHIN]), stragglers
+    assert "stragglers: rank 1 arrived last in " in first["summary"]
+    assert all(step["named"] == [] for step in first["steps"]), first["steps"]
+    assert first["summary"].splitlines()[-1].startswith("links: no slow link: median ")
 
 
 # -- CUDA / NCCL (written from PyTorch's stream rules; skipped where there is no GPU) ------------

@@ -7,6 +7,7 @@
 - ``diagnose=True`` is the straggler gather and link timing at ``"auto"`` (a given cadence
   kept), refused when it is not a bool, and taken at every door (``register``'s checks, the
   Lightning and Fabric strategies, the transformers callback), refused there at construction.
+- The probe under ``native`` is big enough to be judged and to get past the lab shaper's burst.
 """
 
 from __future__ import annotations
@@ -136,3 +137,12 @@ def test_diagnose_is_taken_at_every_door_and_refused_there_when_wrong():
         assert door(diagnose=True)["diagnose"] is True, name
         with pytest.raises(ValueError, match="diagnose must be True or False"):
             door(diagnose="on")
+
+
+def test_the_native_probe_is_judged_and_above_the_lab_shapers_burst():
+    from ddp_ring_hooks.lab.iproute import _MIN_BURST_BYTES
+    from ddp_ring_hooks.telemetry.link_timing import MIN_JUDGED_BYTES
+    from ddp_ring_hooks.telemetry.native_probe import PROBE_BYTES
+
+    assert PROBE_BYTES >= MIN_JUDGED_BYTES  # a probe's link is judged, not dropped as latency
+    assert PROBE_BYTES - _MIN_BURST_BYTES >= 256 << 10  # "a few hundred KiB above the shaper's burst"

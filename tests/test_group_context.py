@@ -3,14 +3,16 @@ every blocked thread go, close gives back every socket and thread it made, and a
 subgroup makes nothing the other ranks must match.
 
 1. **Abort.** A state is built with every side resource a CPU group gets (the 2-rank ring's
-   pair transport, two bucket lanes, the exchange worker); rank 1 goes silent and rank 0 leaves
-   a thread blocked in a transfer on each of them: a schedule on lane 0 (the group), a receive
-   on the pair's own transport on lane 1 (the transport an abort once missed), a receive on
-   the exchange worker. ``abort()`` must end all three (each job ended with an error, asserted,
+   pair transport, two bucket lanes, the exchange worker, the link probe's group); rank 1 goes
+   silent and rank 0 leaves a thread blocked in a transfer on each of them: a schedule on lane 0
+   (the group), a receive on the pair's own transport on lane 1 (the transport an abort once
+   missed), a receive on the probe group on lane 2, a receive on the exchange worker.
+   ``abort()`` must end all four (each job ended with an error, asserted,
    not just joined), and rank 1 must see its own transfers with rank 0 fail at once.
 2. **Teardown.** Around a state that trained a few steps: after ``close()`` the rank's threads
    and open sockets are what they were before it was built; while it lives, the ring at 2 ranks
-   added exactly one socket (its pair) and ``native`` none, and no thread but the watchers'.
+   added exactly one socket (its pair) and ``native`` none (one with ``links=True``: the link
+   probe's group), and no thread but the watchers'.
 3. **A subgroup.** A hook on ranks 1..3 of 4 with every side resource, rank 0 never building
    one; then a hook on all 4 ranks with pair transports that include rank 0: no hang (a side
    group made with ``dist.new_group`` on the subgroup's members would have given rank 0 other
@@ -82,10 +84,11 @@ def _abort_everything(rank: int, world_size: int) -> dict:
     group = state.group
     context = state.plan.context(group)
     report = {"pair_peers": sorted(context.upward())}
+    probe = context.probe_group()  # the link probe's side group (native's links), collective
     if rank == 1:  # silent: it posts nothing until rank 0 has aborted
         store.wait(["aborted"])
         seen = {}
-        for name, transport, source in (("group", group, 0), ("pair", context.upward()[0], 0)):
+        for name, transport, source in (("group", group, 0), ("pair", context.upward()[0], 0), ("probe", probe, 0)):
             try:
                 transport.recv([torch.empty(4)], source if transport is group else 0, 0).wait()
                 seen[name] = None
@@ -99,6 +102,8 @@ def _abort_everything(rank: int, world_size: int) -> dict:
     futures = {
         "lane 0 (a schedule, on the group)": context.worker(bucket_lane(0)).submit(
             lambda: run_schedule(schedule, torch.ones(1000), group=group, context=context)),
+        "lane 2 (the probe group)": context.worker(bucket_lane(2)).submit(
+            lambda: probe.recv([torch.empty(4)], 1, 0).wait()),
         "lane 1 (the pair's transport)": context.worker(bucket_lane(1)).submit(
             lambda: pair.recv([torch.empty(4)], 1, bucket_lane(1).tag).wait()),
         "exchange (the group)": context.worker(EXCHANGE).submit(
@@ -123,7 +128,7 @@ def _abort_everything(rank: int, world_size: int) -> dict:
 def test_abort_lets_every_thread_blocked_in_a_side_resource_go():
     rank0, rank1 = run_ranks(_abort_everything, 2, timeout=90)
     assert rank0["pair_peers"] == [1] and rank1["pair_peers"] == [0]  # the 2-rank ring's pair was made
-    assert len(rank0["blocked_before"]) == 3, rank0
+    assert len(rank0["blocked_before"]) == 4, rank0
     for name, outcome in rank0["outcome"].items():
         assert outcome is not None and outcome != "still blocked", (name, rank0["outcome"])
     assert rank0["let_go_s"] < LET_GO_S and rank0["aborted"]
@@ -132,18 +137,22 @@ def test_abort_lets_every_thread_blocked_in_a_side_resource_go():
     assert all(text is not None for text in rank1["peer_saw"].values()), rank1
 
 
-def _teardown(rank: int, world_size: int, algorithm: str) -> dict:
+def _teardown(rank: int, world_size: int, algorithm: str, links: bool = False) -> dict:
     import ddp_ring_hooks
     from torch.nn.parallel import DistributedDataParallel
+
+    from ddp_ring_hooks.runtime import context_of
+    from ddp_ring_hooks.runtime.lanes import EXCHANGE
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = DistributedDataParallel(Net(), bucket_cap_mb=0.01)  # ~10 KB buckets: several, both lanes
     before = {"sockets": _sockets(), "threads": _threads()}
-    state = ddp_ring_hooks.register(model, algorithm=algorithm, spread_every=1, concurrent_buckets=2)
+    state = ddp_ring_hooks.register(model, algorithm=algorithm, spread_every=1, concurrent_buckets=2, links=links)
     for _ in range(3):
         model(torch.randn(8, 32)).square().mean().backward()
     state.telemetry.flush()
+    context_of(state.group).worker(EXCHANGE).submit(lambda: None).wait()  # the steps' exchanges (the probe) done
     alive = {"sockets": _sockets(), "threads": _threads()}
     state.close()
     deadline = time.monotonic() + 5  # a closed socket's fd goes as its last reference does
@@ -159,9 +168,10 @@ WATCHER_THREADS = {"ddp-ring-hooks-stall", "ddp-ring-hooks-stall-store", "ddp-ri
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("algorithm, sockets_added", [("ring", 1), ("native", 0)])
-def test_close_gives_back_every_socket_and_thread(algorithm, sockets_added):
-    for result in run_ranks(_teardown, 2, algorithm, timeout=120):
+@pytest.mark.parametrize("algorithm, links, sockets_added", [("ring", False, 1), ("native", False, 0), ("native", True, 1)])
+def test_close_gives_back_every_socket_and_thread(algorithm, links, sockets_added):
+    # native with links=True: the link probe's side group (one socket at 2 ranks), closed with the context
+    for result in run_ranks(_teardown, 2, algorithm, links, timeout=120):
         before, alive, after = result["before"], result["alive"], result["after"]
         assert alive["sockets"] - before["sockets"] == sockets_added, result  # ring at 2 ranks: its pair
         added = set(alive["threads"]) - set(before["threads"])

@@ -140,9 +140,10 @@ def _lightning_cases(rank: int, world_size: int, directory: str) -> dict:
 
     # 5. One Trainer, fit twice (train on after the first fit): the second fit's hook is a
     #    new one, and its timing still reaches the CommTimingLogger's run.
-    #    With spread_every=1 the straggler tags go there too.
+    #    With diagnose=True the straggler and cadence tags go there too (its warm-up gathers
+    #    every step).
     logger = TensorBoardLogger(directory, name="", version="refit")
-    trainer, _, _ = fit(ring_lightning.RingDDPStrategy(spread_every=1), max_steps=2, logger=logger,
+    trainer, _, _ = fit(ring_lightning.RingDDPStrategy(diagnose=True), max_steps=2, logger=logger,
                         callbacks=[ring_lightning.CommTimingLogger()])
     trainer.fit_loop.epoch_loop.max_steps = 4
     trainer.fit(CharLanguageModel(**MODEL), make_dataloader(seq_len=MODEL["seq_len"], micro_batch=MICRO_BATCH))
@@ -265,7 +266,8 @@ def test_a_second_fit_of_the_same_trainer_logs_its_comm_timing(ranks):
     events = EventAccumulator(ranks[0]["refit_log_dir"])
     events.Reload()
     assert [e.step for e in events.Scalars("comm/step/total_ms")] == [0, 1, 2, 3]
-    for tag in ("comm/ranks/straggler_rank", "comm/ranks/straggler_wait_ms", "comm/ranks/arrival_spread_ms"):
+    for tag in ("comm/ranks/straggler_rank", "comm/ranks/straggler_wait_ms", "comm/ranks/arrival_spread_ms",
+                "comm/diagnosis/gather_every", "comm/diagnosis/cost_ms"):
         assert [e.step for e in events.Scalars(tag)] == [0, 1, 2, 3], tag
     assert {e.value for e in events.Scalars("comm/ranks/straggler_rank")} <= {0.0, 1.0}
 

@@ -5,7 +5,8 @@
   link tracks.
 - Local gloo ranks on loopback (one spawn of 4 ranks): every scheduled algorithm of the
   registry times exactly the links its schedule uses, each with the bytes the schedule moves
-  over it, on every rank alike; ``native`` says it has no per-link view; the executor tells an
+  over it, on every rank alike; the arrivals and the links share one exchange (7 message
+  steps per gathered step, counted at the transport); ``native`` times its ring links by a probe and says so; the executor tells an
   observer with a clock of every unit, and one without a clock of none; the merged trace has a
   track per link.
 - On the emulated lab (real namespaces, shaped links; skipped without root), 4 hosts, 12
@@ -116,7 +117,50 @@ def _train_every_algorithm(rank: int, world_size: int, log_dir: str) -> dict:
         numels = [bucket.numel for bucket in memory.records[-1].buckets]
         results[(algorithm, tuple(sorted(options.items())))] = (
             [r.step for r in memory.links], last.links, numels, state.summary().splitlines()[-1])
-    return {"trained": results, "executor": _executor_contract(rank, world_size)}
+    return {"trained": results, "executor": _executor_contract(rank, world_size),
+            "messages": _exchange_messages()}
+
+
+def _exchange_messages() -> dict[str, float]:
+    """Messages this rank sends on the exchange's tag per gathered step, once the clocks are
+    aligned (the first exchange also pings): the arrivals alone, and with the links."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddp_ring_hooks
+    from ddp_ring_hooks.runtime import context_of
+    from ddp_ring_hooks.runtime.lanes import EXCHANGE
+    from ddp_ring_hooks.telemetry.exchange import EXCHANGE_TAG
+
+    sent: list[int] = []
+    # The exchange talks on the hook's group (Peers), never on a pair's. The class's own entry
+    # (pybind's instancemethod), bound to each group as it sends: the real send, counted.
+    real = vars(dist.ProcessGroup)["send"]
+
+    def counting(group, tensors, peer, tag):
+        if tag == EXCHANGE_TAG:
+            sent.append(peer)
+        return real.__get__(group)(tensors, peer, tag)
+
+    counts = {}
+    for name, links in (("arrivals", False), ("arrivals+links", True)):
+        model = DistributedDataParallel(torch.nn.Linear(64, 300))
+        state = ddp_ring_hooks.register(model, spread_every=1, links=links)
+        drained = context_of(state.group).worker(EXCHANGE)
+        model(torch.randn(4, 64)).sum().backward()
+        drained.submit(lambda: None).wait()
+        dist.ProcessGroup.send = counting
+        try:
+            for _ in range(2):
+                model(torch.randn(4, 64)).sum().backward()
+            drained.submit(lambda: None).wait()
+        finally:
+            dist.ProcessGroup.send = real
+        counts[name] = len(sent) / 2
+        sent.clear()
+        state.close()
+    return counts
 
 
 class _Clocked(ExecutionObserver):
@@ -196,11 +240,29 @@ def test_every_scheduled_algorithm_times_the_links_of_its_schedule_with_their_by
 
 
 @pytest.mark.timeout(420)
-def test_native_has_no_per_link_view_and_says_so(every_algorithm):
+def test_the_arrivals_and_the_links_share_one_exchange_of_7_message_steps_at_4_ranks(every_algorithm):
+    # The ring of rows is 2(p - 1) = 6 message steps; the links add the trade of post marks
+    # (one message to the next rank), and their rows ride in the same gather: 7, not 6 + 7.
     results, _ = every_algorithm
-    steps, links, _, summary = results[0]["trained"][("native", ())]
-    assert steps == [1, 2, 3] and links == {}
-    assert summary == NATIVE_LINE
+    for result in results:
+        assert result["messages"] == {"arrivals": 6, "arrivals+links": 7}
+
+
+@pytest.mark.timeout(420)
+def test_native_times_its_ring_links_by_a_probe_every_other_step_and_says_so(every_algorithm):
+    # native's own transfers are invisible: steps 1 and 3 (PROBE_EVERY = 2) carry a probe of
+    # PROBE_BYTES from each rank to the next, on the context's probe group, timed on both ends.
+    from ddp_ring_hooks.telemetry.native_probe import PROBE_BYTES, PROBE_EVERY
+
+    assert PROBE_EVERY == 2
+    results, _ = every_algorithm
+    for result in results:
+        steps, links, _, summary = result["trained"][("native", ())]
+        assert steps == [1, 2, 3]
+        assert {link: nbytes for link, (nbytes, _) in links.items()} == {(r, (r + 1) % 4): PROBE_BYTES for r in range(4)}
+        assert all(busy > 0 for _, busy in links.values()), links
+        assert summary.startswith("links (probe): ") and summary != NATIVE_LINE, summary
+        assert links == results[0]["trained"][("native", ())][1]  # every rank holds the same numbers
 
 
 @pytest.mark.timeout(420)
@@ -237,9 +299,9 @@ def flat_lab(lab_machine):
         yield lab
 
 
-def train_on_lab(lab, out: Path, *options: str) -> list[dict]:
+def train_on_lab(lab, out: Path, *options: str, steps: int = STEPS) -> list[dict]:
     """The job on every host of ``lab`` (one rank per host); every rank's ``rank{r}.json``."""
-    lab.run([sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS), *options],
+    lab.run([sys.executable, str(JOB), "--out", str(out), "--steps", str(steps), *options],
             env={"PYTHONPATH": str(REPO)}, timeout=240)
     results = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(lab.hosts)]
     assert len({result["checksum"] for result in results}) == 1  # training itself is unchanged
@@ -320,6 +382,50 @@ def test_a_rank_late_for_compute_is_the_straggler_and_no_link_is_blamed(flat_lab
     assert straggler_line.startswith("stragglers: rank 1 arrived last in ")
     assert all(step["named"] == [] for step in first["steps"]), first["steps"]
     assert links_line.startswith("links: no slow link: median ")
+
+
+# -- the same with diagnose=True (spread_every="auto"; under native, the probe) --------------------
+
+#: Detection with the one switch: within this many steps (issue 32's target).
+DETECT_WITHIN = 20
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("algorithm", ["ring", "native"])
+def test_diagnose_names_a_4x_slower_nic_within_20_steps(flat_lab, tmp_path, algorithm):
+    flat_lab.set_rate("100Mbit", host=2)
+    try:
+        [first, *_] = train_on_lab(flat_lab, tmp_path, "--diagnose", "--algorithm", algorithm, steps=2 * DETECT_WITHIN)
+    finally:
+        flat_lab.set_rate("400Mbit", host=2)
+    named = [step["step"] for step in first["steps"] if step["slow_nic_rank"] == 2]
+    assert named and named[0] <= DETECT_WITHIN, first["steps"]
+    # From then on every verdict names it (a record per gathered step: the cadence's gaps).
+    assert all(step["slow_nic_rank"] == 2 for step in first["steps"] if step["step"] >= named[0]), first["steps"]
+    links_line = first["summary"].splitlines()[-1]
+    prefix = "links (probe): " if algorithm == "native" else "links: "
+    assert links_line.startswith(f"{prefix}rank 2's network is slow: "), links_line
+    assert "cadence: auto" in first["summary"]
+
+
+@pytest.mark.timeout(300)
+def test_diagnose_on_equal_links_names_nothing_in_200_steps(flat_lab, tmp_path):
+    [first, *_] = train_on_lab(flat_lab, tmp_path, "--diagnose", steps=200)
+    assert all(step["named"] == [] and step["slow_nic_rank"] == -1 for step in first["steps"]), first["steps"]
+    assert first["summary"].splitlines()[-1].startswith("links: no slow link: median ")
+    assert len(first["steps"]) < 200 or "now every step" in first["summary"]  # the cadence spaced them, or said why not
+
+
+@pytest.mark.timeout(240)
+def test_diagnose_names_a_compute_straggler_within_20_steps_and_blames_no_link(flat_lab, tmp_path):
+    [first, *_] = train_on_lab(flat_lab, tmp_path, "--diagnose", "--delay-rank", "1", "--delay-ms", "60",
+                               steps=2 * DETECT_WITHIN)
+    stragglers = {int(step): rank for step, rank in first["stragglers"].items() if int(step) > SKIP}
+    assert sum(rank == 1 for step, rank in stragglers.items() if step <= DETECT_WITHIN) >= 0.9 * len(
+        [s for s in stragglers if s <= DETECT_WITHIN]), stragglers
+    assert "stragglers: rank 1 arrived last in " in first["summary"]
+    assert all(step["named"] == [] for step in first["steps"]), first["steps"]
+    assert first["summary"].splitlines()[-1].startswith("links: no slow link: median ")
 
 
 # -- CUDA / NCCL (written from PyTorch's stream rules; skipped where there is no GPU) ------------

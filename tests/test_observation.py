@@ -85,7 +85,7 @@ def test_telemetry_options_are_one_definition_checked_once():
     from ddp_ring_hooks.telemetry.options import collect_telemetry_options
 
     assert TELEMETRY_OPTIONS == ("log_dir", "log_every", "trace_steps", "per_rank", "spread_every", "sinks",
-                                 "capacity", "summary_window", "stall_after", "stall_timeout", "links")
+                                 "capacity", "summary_window", "stall_after", "stall_timeout", "links", "diagnose")
     options = TelemetryOptions(spread_every=2, capacity=8)
     assert Telemetry(options).options is options
     assert collect_telemetry_options(None, {"spread_every": 2, "capacity": 8}) == options

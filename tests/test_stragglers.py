@@ -1,6 +1,8 @@
 """Stragglers on real gloo ranks: a delay injected on one rank is named, with its cost; no delay
 names nobody; clock offsets across (pretend) hosts are recovered by ping-pong; rank 0 writes
-one merged trace with every rank on one time axis; ``trace merge`` joins per-rank files."""
+one merged trace with every rank on one time axis; ``trace merge`` joins per-rank files;
+``diagnose=True`` names the straggler within the cadence's warm-up, gathers on the steps its
+recorded gaps say, and blames no link."""
 
 from __future__ import annotations
 
@@ -25,9 +27,10 @@ TRACE_WINDOW = (4, 6)
 
 
 def _train(rank: int, world_size: int, delayed_rank: int | None, log_dir: str, per_rank: bool,
-           separate_clocks: bool = False):
+           separate_clocks: bool = False, diagnose: bool = False, steps: int = STEPS):
     """A small MLP in several buckets; ``delayed_rank`` sleeps before every forward;
-    ``separate_clocks``: every rank claims a clock of its own, so offsets are measured."""
+    ``separate_clocks``: every rank claims a clock of its own, so offsets are measured;
+    ``diagnose``: the one switch instead of ``spread_every=1`` and the trace window."""
     import time
 
     from ddp_ring_hooks.telemetry.clocks import CLOCK_DOMAIN_VARIABLE
@@ -42,14 +45,15 @@ def _train(rank: int, world_size: int, delayed_rank: int | None, log_dir: str, p
     from ddp_ring_hooks.telemetry import MemorySink
 
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.Linear(32, 4))
+    width = 512 if diagnose else 32  # diagnose: links with enough bytes to be judged (MIN_JUDGED_BYTES)
+    net = torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                              torch.nn.Linear(width, 4))
     model = DistributedDataParallel(net, bucket_cap_mb=0.002)  # ~2 kB: several buckets
     memory = MemorySink()
-    state = ddp_ring_hooks.register(
-        model, sinks=[memory], spread_every=1, log_dir=log_dir, trace_steps=TRACE_WINDOW, per_rank=per_rank,
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(STEPS):
+    asked = {"diagnose": True} if diagnose else {"spread_every": 1, "trace_steps": TRACE_WINDOW}
+    state = ddp_ring_hooks.register(model, sinks=[memory], log_dir=log_dir, per_rank=per_rank, **asked)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * 32 / width)  # the wide net diverges (NaN) at the narrow one's rate
+    for _ in range(steps):
         if rank == delayed_rank:
             time.sleep(DELAY_S)
         model(torch.randn(8, 16)).sum().backward()
@@ -96,6 +100,37 @@ def test_delayed_rank_is_named_with_its_cost(tmp_path, world_size, delayed_rank)
         assert all((a == b).all() for a, b in zip(grads, results[0][2]))
     if world_size == 3:
         _check_merged_trace(os.path.join(str(tmp_path), TRACE_FILE), world_size, delayed_rank)
+
+
+DIAGNOSED_STEPS = 40
+
+
+def test_diagnose_names_the_straggler_within_the_warm_up_and_blames_no_link(tmp_path):
+    from ddp_ring_hooks.telemetry.cadence import WARMUP
+
+    results = run_ranks(_train, 3, 2, str(tmp_path), False, False, True, DIAGNOSED_STEPS, timeout=240)
+    records = results[0][0]
+    assert [r.step for r in records[:WARMUP]] == list(range(1, WARMUP + 1))  # the warm-up gathers every step
+    assert sum(r.straggler == 2 for r in records[SKIP:WARMUP]) >= 0.9 * (WARMUP - SKIP)
+    for other, _, _ in results[1:]:  # every rank gathered the same steps
+        assert [r.step for r in other] == [r.step for r in records]
+    summary = results[0][1]
+    assert "rank 2 arrived last in" in summary, summary
+    assert "cadence: auto" in summary and "steps gathered, now every" in summary, summary
+    assert "\nlinks: no slow link: median" in summary, summary  # links measured (every ring link), none blamed
+    scalars = _scalars(str(tmp_path))
+    gaps = scalars["comm/diagnosis/gather_every"]
+    assert set(gaps) == {r.step for r in records}  # a decision at every gathered step
+    # The steps gathered after the warm-up follow the gaps decided LAG gathers before.
+    from ddp_ring_hooks.telemetry.cadence import LAG
+
+    steps = [r.step for r in records]
+    for k in range(WARMUP, len(steps) - 1):
+        assert steps[k + 1] - steps[k] == gaps[steps[k - LAG]], (steps, gaps)
+    assert set(scalars["comm/links/slow_nic_rank"].values()) == {-1}
+    assert "comm/ranks/straggler_rank" in scalars
+    for _, _, grads in results[1:]:
+        assert all((a == b).all() for a, b in zip(grads, results[0][2]))
 
 
 def _scalars(log_dir: str) -> dict[str, dict[int, float]]:

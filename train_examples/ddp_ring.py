@@ -5,14 +5,16 @@ Launch (CPU/gloo by default, NCCL when every rank has a GPU)::
     torchrun --standalone --nproc_per_node=2 train_examples/ddp_ring.py
     torchrun --standalone --nproc_per_node=4 train_examples/ddp_ring.py --algorithm ring --steps 50
     torchrun --standalone --nproc_per_node=4 train_examples/ddp_ring.py --spread-every 1 --links
+    torchrun --standalone --nproc_per_node=4 train_examples/ddp_ring.py --diagnose
 
 Each rank trains a small MLP on its own synthetic regression data; DDP averages gradients
 through ``ddp_ring_hooks.ring_hook``. Rank 0 prints the backend, the attached hook (as DDP
 itself reports it) and the loss, and at the end checks that every rank holds the same weights.
 The hook's TensorBoard events and timeline go to ``--log-dir`` (``tensorboard --logdir
 runs/ddp_ring``, ``ddp-ring-hooks advise runs/ddp_ring``). With ``--spread-every N`` every
-N-th step also says which rank arrived last, and with ``--links`` which link is slow; rank 0
-prints the hook's summary at the end.
+N-th step also says which rank arrived last, and with ``--links`` which link is slow;
+``--diagnose`` asks for both (and the stall watchdog) at a cadence that keeps their cost within
+1% of a step (``diagnose=True``). Rank 0 prints the hook's summary at the end.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def parse_args() -> argparse.Namespace:
                         help="every N-th step, gather every rank's arrival: who is late (default: 0, never)")
     parser.add_argument("--links", action="store_true",
                         help="on those steps also time every link and name a slow one (needs --spread-every)")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="diagnose=True: the straggler, the slow link and a stall, at a cadence costing <= 1%% of a step")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="process-group backend; auto = nccl when this node has a GPU for every "
                              "process (NCCL refuses two ranks on one GPU), else gloo")
@@ -79,7 +83,7 @@ def main() -> None:
     ).to(device)
     ddp_model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     state = ddp_ring_hooks.register(ddp_model, algorithm=args.algorithm, log_dir=args.log_dir,
-                                    spread_every=args.spread_every, links=args.links)
+                                    spread_every=args.spread_every, links=args.links, diagnose=args.diagnose)
     optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=1e-3)
 
     generator = torch.Generator(device=device).manual_seed(1234 + rank)  # each rank its own data

@@ -59,6 +59,7 @@ from transformers.integrations import TensorBoardCallback
 
 from ..hooks import HookState, register
 from ..hooks.advice import advice_text
+from ..hooks.options import check_register_options
 from ..hooks.unwrap import find_ddp
 
 
@@ -83,6 +84,7 @@ class RingHookCallback(TrainerCallback):
                 f"RingHookCallback(trainer, ...) needs the transformers Trainer whose model it hooks (callbacks "
                 f"are handed the unwrapped model, not the DDP); got {type(trainer).__name__}"
             )
+        check_register_options(**register_options)  # a typo fails here, not when training starts
         self.trainer = trainer
         self.print_summary = print_summary
         self.register_options = register_options

@@ -36,8 +36,8 @@ measured ring order, ``auto``'s selectors. All of it lives in one object per gro
    share no pair transport goes on the group, on both ends (both made the same pairs).
 4. **Abort is complete by construction**: it reaches what the context made because the context
    made it: the group itself (gloo: the probe that closes its contexts; NCCL: its abort; a
-   mixed ``"cpu:gloo,cuda:nccl"`` group: both, one per device), every pair, the dedicated and
-   control groups. After it the group is dead for good (``docs/reliability.md``).
+   mixed ``"cpu:gloo,cuda:nccl"`` group: both, one per device), every pair, the dedicated,
+   control and probe groups. After it the group is dead for good (``docs/reliability.md``).
 5. **Close** joins the workers (after their queued jobs), then drops the pairs and side groups,
    whose sockets close with them; facts stay (every rank keeps them alike, and they are data).
 """
@@ -147,6 +147,7 @@ class GroupContext:
         self._upward: Mapping[int, dist.ProcessGroupGloo] = {}  # peer -> the pair's transport (replaced whole)
         self._dedicated: dist.ProcessGroup | None = None  # CUDA: the lanes' NCCL group
         self._control: dist.ProcessGroup | None = None  # NCCL-only group: the gloo control group
+        self._probe: dist.ProcessGroup | None = None  # the link probe's gloo group (telemetry/native_probe.py)
         self._made: Counter = Counter()  # times each side resource was made: its store keys' generation
         self._workers: dict[Lane, CommWorker] = {}
         self._streams: dict[tuple[str, torch.device], torch.cuda.Stream] = {}
@@ -256,6 +257,16 @@ class GroupContext:
             self.prepare(Needs(control=True))
         return self._control
 
+    def probe_group(self) -> dist.ProcessGroup:
+        """The gloo side group the link probe under ``native`` sends on (its own sockets: a probe
+        never queues behind the group's all-reduce); made on first use, collective over the
+        group's members (every rank's exchange worker asks at the same gathered step)."""
+        with self._making:
+            if self._probe is None:
+                self._probe = side_group(self.group, backend="gloo", purpose="probe",
+                                         generation=self._generation("probe"))
+            return self._probe
+
     # -- 3. abort ------------------------------------------------------------------------------
 
     def abort(self, *, peer: int | None = None) -> None:
@@ -271,7 +282,7 @@ class GroupContext:
         self.aborted = True
         backend = str(dist.get_backend(group))
         with self._lock:
-            pairs, dedicated, control = dict(self._pairs), self._dedicated, self._control
+            pairs, dedicated, control, probe = dict(self._pairs), self._dedicated, self._control, self._probe
         if dedicated is not None:
             abort_nccl(dedicated)
         if backend_for(backend, "cuda") == "nccl":
@@ -281,8 +292,9 @@ class GroupContext:
         me = group.rank()
         for (low, high), transport in sorted(pairs.items()):
             close_gloo_contexts(transport, peer=1 if me == low else 0)
-        if control is not None:
-            close_gloo_contexts(control, peer=peer)
+        for side in (control, probe):
+            if side is not None:
+                close_gloo_contexts(side, peer=peer)
 
     # -- 4. holding and closing ----------------------------------------------------------------
 
@@ -317,8 +329,8 @@ class GroupContext:
         (:meth:`prepare` on every rank). Safe to call twice."""
         self.stop_workers()
         with self._lock:
-            made = [*self._pairs.values(), self._dedicated, self._control]
-            self._pairs, self._upward, self._dedicated, self._control = {}, {}, None, None
+            made = [*self._pairs.values(), self._dedicated, self._control, self._probe]
+            self._pairs, self._upward, self._dedicated, self._control, self._probe = {}, {}, None, None, None
             self._streams.clear()
         for transport in made:
             if transport is not None:

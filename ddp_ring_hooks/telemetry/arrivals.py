@@ -7,7 +7,8 @@ the trace window) the buckets are marked, and after the step, on the exchange wo
 :class:`~.records.RankArrivals`::
 
     hook thread       hand-over marks (the observation's, one per bucket)
-    exchange worker   the step's marks read -> rows of (first, last, total_ms) of every rank,
+    exchange worker   the step's marks read -> this rank's (first, last, total_ms) in the
+                      step's one gather (:mod:`.exchange`) -> every rank's,
                       on rank 0's clock -> recorder.record(RankArrivals) on spread steps (its
                       comm/ranks/* scalars, its arrival track), its trace events alone on the
                       window's other steps; spread steps -> the tally (the summary's line)
@@ -46,13 +47,13 @@ class ArrivalGather(Watcher):
     def exchanges_after(self, step: int) -> bool:
         return self.recorder.gathers_ranks(step)
 
-    def exchange(self, step, peers) -> None:
+    def share(self, step, peers) -> tuple[float, float, float]:
         clocks = step.read()
         if clocks is None:  # a CUDA event never completed: the others still need this rank's row
-            row = [math.nan] * 3
-        else:
-            row = [clocks[0].handed, clocks[-1].handed, clocks_busy_ms(clocks)]
-        rows = peers.rows(row)
+            return (math.nan,) * 3
+        return clocks[0].handed, clocks[-1].handed, clocks_busy_ms(clocks)
+
+    def shared(self, step, peers, rows) -> None:
         offsets = peers.clocks.offsets_ms
         arrivals = RankArrivals(
             step=step.step,
@@ -71,11 +72,14 @@ class ArrivalGather(Watcher):
             self.recorder.record(Trace(step.step, tuple(arrivals.trace_events())), group=step.group)
 
     def summary_line(self) -> str | None:
-        """With ``spread_every``: who kept the others waiting (:class:`~.stragglers.StragglerTally`)."""
+        """With ``spread_every``: who kept the others waiting (:class:`~.stragglers.StragglerTally`),
+        after how often steps gather when the cadence is chosen from its cost (``"auto"``)."""
         if not self.recorder.options.spread_every:
             return None
         with self._lock:
-            return self._tally.render()
+            line = self._tally.render()
+        cadence = self.recorder.cadence.summary_line()
+        return line if cadence is None else f"{cadence}\n{line}"
 
 
 class TraceGather(Watcher):

@@ -15,15 +15,18 @@ peer, the bytes and when its end was ready; what one end cannot know is when the
              [max(sender posted, receiver posted), received]
          so a late peer's delay is waiting, not the link's time; a link's busy time is the
          union of its transfers' (slices in flight overlap), its bandwidth bytes / busy time
-      4. every rank's incoming links to every rank (Peers.rows, with each rank's node)
+      4. every rank's incoming links to every rank, with each rank's node: a row in the step's
+         one gather (:mod:`.exchange`), beside the arrivals'; no gather of its own
       5. the naming rule (:func:`ddp_ring_hooks.links.judge_samples`: each link's median over
          its last :data:`~ddp_ring_hooks.links.WINDOW` steps against the others, by tier)
          -> a :class:`~.records.LinkTimes` record (``comm/links/*``, the trace's link tracks;
          on a trace step only, its tracks alone) and the summary's line
 
 A link that moved less than :data:`MIN_JUDGED_BYTES` in a step is not judged on that step:
-its time is mostly latency. ``native`` (the group's own all-reduce) shows no transfers: no
-per-link view, and the summary line says so. On CUDA the marks are events on the
+its time is mostly latency. ``native`` (the group's own all-reduce) shows no transfers: every
+:data:`~.native_probe.PROBE_EVERY`-th timed step a probe between ring neighbours takes their
+place in steps 2.-5. (:mod:`.native_probe`), and the summary line says the links it names were
+seen by the probe (``links (probe): ...``). On CUDA the marks are events on the
 communication side stream from the recorder's timer pool, read once they completed (never a
 host sync); NCCL runs a unit's sends and receives as one batch, so its receives land together:
 a unit's slowest transfer sets the time of all its receives (written from PyTorch's stream
@@ -43,8 +46,10 @@ import torch.distributed as dist
 
 from ..links import WINDOW, LinkSample, judge_samples
 from ..runtime import ExecutionObserver
+from ..runtime.group_context import context_of
 from ..runtime.link_probe import node_row, nodes_of
 from ..runtime.names import NATIVE
+from .native_probe import PROBE_EVERY, probe_ring
 from .records import LinkSpan, LinkTimes, Trace
 from .watcher import READ_TIMEOUT_S, Watcher
 
@@ -69,6 +74,9 @@ class LinkTiming(Watcher):
         self._recent: dict[tuple[int, int], deque[LinkSample]] = {}
         self._native_only = True  # every bucket timed so far ran native
         self._line = NOT_YET_LINE  # the summary's (replaced whole by the exchange worker)
+        self._spans: tuple[LinkSpan, ...] = ()  # this rank's incoming links of the step being shared
+        self._native_shares = 0  # steps shared while every bucket ran native: every PROBE_EVERY-th probes
+        self._probed = False  # a probe's links are in the verdict (the summary says "probe")
 
     def _times(self, step: int) -> bool:
         return self.recorder.options.links and self.recorder.gathers_ranks(step)
@@ -88,7 +96,7 @@ class LinkTiming(Watcher):
     def exchanges_after(self, step: int) -> bool:
         return self._times(step)
 
-    def exchange(self, step, peers) -> None:
+    def share(self, step, peers) -> list[float]:
         offset = peers.clocks.offsets_ms[peers.rank]
         posts_to: dict[int, list[float]] = defaultdict(list)  # peer -> my sends' post marks, in order
         arrivals: dict[int, list[tuple[float, float, int]]] = defaultdict(list)  # peer -> (posted, received, bytes)
@@ -100,6 +108,8 @@ class LinkTiming(Watcher):
                     posts_to[peer].append(posted)
                 for (peer, nbytes), landed in zip(receives, received):
                     arrivals[peer].append((posted, landed, nbytes))
+        if self._native_only and peers.world_size > 1:
+            self._probe(step, peers, offset, posts_to, arrivals)
         their_posts = peers.trade(posts_to, {peer: len(mine) for peer, mine in arrivals.items()})  # 2.
         row = [0.0] * (2 * peers.world_size)
         spans: list[LinkSpan] = []
@@ -107,7 +117,22 @@ class LinkTiming(Watcher):
             nbytes, busy, link_spans = _time_link(src, peers.rank, mine, their_posts[src], offset)
             row[2 * src], row[2 * src + 1] = nbytes, busy
             spans += link_spans
-        rows = peers.rows([*row, *node_row(dist.get_rank())])  # 4.
+        self._spans = tuple(spans)
+        return [*row, *node_row(dist.get_rank())]  # 4. in the step's one gather
+
+    def _probe(self, step, peers, offset: float, posts_to, arrivals) -> None:
+        """Under ``native``, every PROBE_EVERY-th timed step: the probe's marks join the trade
+        and the timing as a transfer of the hook's would (:mod:`.native_probe`)."""
+        self._native_shares += 1
+        if (self._native_shares - 1) % PROBE_EVERY:
+            return
+        marks = probe_ring(context_of(step.group).probe_group(), rank=peers.rank, world_size=peers.world_size)
+        posts_to[marks.successor].append(marks.sent_ms - offset)
+        arrivals[marks.predecessor].append((marks.posted_ms - offset, marks.received_ms - offset, marks.nbytes))
+        peers.charge(marks.took_ms)  # its time on the links counts in what a gathered step costs
+        self._probed = True
+
+    def shared(self, step, peers, rows) -> None:
         links = {(src, dst): (int(r[2 * src]), r[2 * src + 1]) for dst, r in enumerate(rows)
                  for src in range(peers.world_size) if r[2 * src] > 0}
         nodes, _ = nodes_of([r[-2:] for r in rows])
@@ -115,9 +140,14 @@ class LinkTiming(Watcher):
             if nbytes >= MIN_JUDGED_BYTES and busy > 0:
                 self._recent.setdefault((src, dst), deque(maxlen=WINDOW)).append(LinkSample(src, dst, nbytes, busy * 1e-3))
         verdict = judge_samples(itertools.chain(*self._recent.values()), world_size=peers.world_size, nodes=nodes)
-        summary = NATIVE_LINE if self._native_only and not links else verdict.summary_line(per="steps")
+        if self._native_only and not self._recent:
+            summary = NATIVE_LINE if not self._probed else NOT_YET_LINE
+        else:
+            summary = verdict.summary_line(per="steps")
+            if self._native_only:  # what the probe saw, not training's traffic
+                summary = summary.replace("links:", "links (probe):", 1)
         self._line = summary
-        record = LinkTimes(step=step.step, links=links, spans=tuple(spans), verdict=verdict, summary=summary,
+        record = LinkTimes(step=step.step, links=links, spans=self._spans, verdict=verdict, summary=summary,
                            rank=peers.rank)
         if self.recorder.spreads_at(step.step):
             self.recorder.record(record, group=step.group)

@@ -29,6 +29,7 @@ transfer.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -109,7 +110,7 @@ class Observation:
         self.watchdog: StallWatchdog = self.by_name["stall"]
         self.watchers: tuple[Watcher, ...] = (recorder, *self.by_name.values())
         self._timers = DeviceTimers()  # the one timer pool: one CUDA clock anchor per GPU
-        self._exchange = StepExchange()
+        self._exchange = StepExchange(recorder.cadence, record=recorder.record)
         self._open: StepWatch | None = None  # the step whose buckets are being handed over
         self._exchangers: tuple[Watcher, ...] = ()  # the watchers that exchange after it
         self._ranks: tuple[int, int] | None = None  # (rank, world size) in the hook's group
@@ -161,6 +162,7 @@ class Observation:
             initialized = dist.is_available() and dist.is_initialized()
             self._ranks = (dist.get_rank(group), dist.get_world_size(group)) if initialized else (0, 1)
         rank, world_size = self._ranks
+        self.recorder.cadence.started(time.perf_counter())  # the step times "auto" weighs the cost against
         return StepWatch(
             step, rank=rank, world_size=world_size, group=group,
             marked=any([watcher.wants_marks(step) for watcher in self.watchers]),  # every one is asked

@@ -22,6 +22,8 @@ import os
 import tempfile
 from collections.abc import Mapping
 
+from .cadence import AUTO
+
 
 def group_log_dir(log_dir: str, group=None) -> str:
     """Where a hook group's files go: ``log_dir`` itself when the group is every rank, else
@@ -69,7 +71,8 @@ class TelemetryOptions:
         per_rank: every rank writes to ``log_dir/rank_{r}`` (to compare ranks in TensorBoard).
         spread_every: every N-th step, gather when each rank arrived (handed its last bucket
             over) and log the straggler, its cost, the arrival spread and the ranks' step
-            times (0: never).
+            times (0: never); ``"auto"``: as often as keeps what a gathered step costs within
+            1% of a step, measured as training runs (the first 12 steps gather; :mod:`.cadence`).
         sinks: more sinks (e.g. :class:`~.sinks.MemorySink`), on every rank, fed logged steps;
             they are not pickled (a sink holds files or memory of this process).
         capacity: how many finished steps may wait for the writer before new ones are dropped.
@@ -88,7 +91,12 @@ class TelemetryOptions:
             which names the rank, comes before the backend's, which names none.
         links: on the steps that gather across ranks (``spread_every``, the trace window), also
             time every directed link from the hook's own transfers and name a slow one
-            (:mod:`.link_timing`); needs ``spread_every`` or ``trace_steps``. Off by default.
+            (:mod:`.link_timing`); under ``native``, whose transfers the hook cannot see, from a
+            small probe between ring neighbours after the step instead; needs ``spread_every``
+            or ``trace_steps``. Off by default.
+        diagnose: the one switch for diagnosis that stays on: the straggler gather and per-link
+            timing at ``spread_every="auto"`` (unless ``spread_every`` gives a cadence), with
+            the stall watchdog (always on) and a summary line and TensorBoard tags of each.
 
     Nothing is recorded unless ``log_dir``, ``spread_every`` or ``sinks`` ask for it; the stall
     watchdog always watches (a timestamp per transfer; its thread sleeps).
@@ -105,14 +113,18 @@ class TelemetryOptions:
     stall_after: float = 60.0
     stall_timeout: float | None = None
     links: bool = False
+    diagnose: bool = False
 
     def __post_init__(self) -> None:
+        if _diagnose(self.diagnose):  # the one switch: the gather and the links, at "auto"
+            object.__setattr__(self, "spread_every", self.spread_every or AUTO)
+            object.__setattr__(self, "links", True)
         checked = {
             "log_dir": _writable_log_dir(self.log_dir),
             "log_every": _positive_int("log_every", self.log_every),
             "trace_steps": _trace_window(self.trace_steps, self.log_dir),
             "per_rank": _per_rank(self.per_rank, self.log_dir),
-            "spread_every": _non_negative_int("spread_every", self.spread_every),
+            "spread_every": _cadence(self.spread_every),
             "sinks": _sinks(self.sinks),
             "capacity": _positive_int("capacity", self.capacity),
             "summary_window": _positive_int("summary_window", self.summary_window),
@@ -164,10 +176,19 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
-def _non_negative_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0 (0 turns it off), got {value!r}")
-    return value
+def _cadence(spread_every) -> int | str:
+    if spread_every == AUTO:
+        return AUTO
+    if isinstance(spread_every, bool) or not isinstance(spread_every, int) or spread_every < 0:
+        raise ValueError(f"spread_every must be an integer >= 0 (0 turns it off) or 'auto' (as often as keeps "
+                         f"its cost within 1% of a step), got {spread_every!r}")
+    return spread_every
+
+
+def _diagnose(diagnose) -> bool:
+    if not isinstance(diagnose, bool):
+        raise ValueError(f"diagnose must be True or False, got {diagnose!r}")
+    return diagnose
 
 
 def _stall_seconds(stall_after, stall_timeout) -> dict[str, float | None]:

@@ -46,6 +46,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from .bucket_marks import step_record
+from .cadence import Cadence
 from .options import TelemetryOptions, check_sink, collect_telemetry_options, group_log_dir
 from .records import Record, Text
 from .sinks import Sink, TensorBoardSink
@@ -114,8 +115,7 @@ class Telemetry(Watcher):
         return step % self.options.log_every == 0
 
     def _is_spread_step(self, step: int) -> bool:
-        every = self.options.spread_every
-        return every > 0 and step % every == 0
+        return self.cadence.gathers(step)  # every N-th, or "auto" (telemetry/cadence.py)
 
     def _is_trace_step(self, step: int) -> bool:
         window = self.options.trace_steps
@@ -319,6 +319,8 @@ class Telemetry(Watcher):
     def _reset_runtime(self) -> None:
         options = self.options
         self._summary = SummaryTable(window=options.summary_window)
+        #: Which steps gather across ranks (``spread_every``: every N-th, or "auto").
+        self.cadence = Cadence(options.spread_every)
         self._routes: tuple = ((self._summary, self._is_log_step), *((s, self._is_log_step) for s in options.sinks))
         self._file_routes: tuple = ()
         self._queue: queue.Queue = queue.Queue(maxsize=options.capacity)

@@ -10,8 +10,9 @@ per-bucket recorder, the advisor's timeline, the arrivals gather, the profiler's
       (the hand-over mark)               (marks, then every watcher's     watcher.on_step_done
       watcher.wants_marks(step)           observer, in order)            exchange worker, in step
         once per step                                                    order on every rank:
-      watcher.on_bucket(bucket)                                            watcher.exchange(step,
-        -> an ExecutionObserver                                                         peers)
+      watcher.on_bucket(bucket)                                            watcher.share -> one
+        -> an ExecutionObserver                                            gather -> watcher.shared,
+                                                                           watcher.exchange
     launched(future)  watcher.launched(bucket, future, observer) -> the Future DDP waits on
                       (observer: what this watcher's on_bucket returned for this bucket; the
                       last bucket of an exchanging step queues the exchange)
@@ -33,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Sequence
 
 from ..runtime.observer import ExecutionObserver, FanOut
 from ..runtime.wire import BucketBytes
@@ -77,10 +79,21 @@ class Watcher:
         must answer the same (decide from the step number and the options)."""
         return False
 
+    def share(self, step: StepWatch, peers) -> Sequence[float]:
+        """On the exchange worker, after every bucket of ``step`` succeeded (phase 1 of
+        :mod:`.exchange`): trade with some peers first if it must (``peers.trade``), then return
+        this rank's row for the step's one gather of every watcher's rows, the same length on
+        every rank (``()``: none)."""
+        return ()
+
+    def shared(self, step: StepWatch, peers, rows: list[list[float]]) -> None:
+        """Phase 3: every rank's row that :meth:`share` returned, by group rank (the gather is
+        over: the same numbers on every rank)."""
+
     def exchange(self, step: StepWatch, peers) -> None:
-        """On the exchange worker, after every bucket of ``step`` succeeded: talk to the other
-        ranks through ``peers`` (:class:`~.exchange.Peers`). Exchanges run in step order, one
-        watcher after the other, the same on every rank."""
+        """On the exchange worker, after every watcher's :meth:`shared`: talk to the other ranks
+        through ``peers`` (:class:`~.exchange.Peers`) on its own (the trace gather's bytes to
+        rank 0). Exchanges run in step order, one watcher after the other, the same on every rank."""
 
     def summary_line(self) -> str | None:
         """A line for the end of the hook state's summary (``None``: none), read on the

@@ -2,7 +2,9 @@
 
 Every step gathers arrivals and times every link (``spread_every=1, links=True``); with
 ``--delay-rank R`` that rank sleeps ``--delay-ms`` before every forward (a rank late for
-compute reasons, not the network).
+compute reasons, not the network). With ``--diagnose`` the one switch instead
+(``diagnose=True``: the gather and the links at ``spread_every="auto"``); under ``native`` the
+links are then a probe's (``telemetry/native_probe.py``).
 
 The model is one bucket of 4.2 MB, so the ring's transfers at 4 ranks are 1 MiB chunks, four
 times the lab shaper's bucket (250 KB at 400 Mbit/s, ``lab/iproute.py``). Smaller ones read
@@ -41,6 +43,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=724, help="the MLP's width: 2 x width^2 parameters (default: 724)")
     parser.add_argument("--delay-rank", type=int, default=-1, help="this rank sleeps before every forward")
     parser.add_argument("--delay-ms", type=float, default=60.0, help="for how long (default: 60)")
+    parser.add_argument("--diagnose", action="store_true", help="diagnose=True instead of spread_every=1, links=True")
     return parser.parse_args()
 
 
@@ -53,8 +56,9 @@ def main() -> None:
     net = torch.nn.Sequential(torch.nn.Linear(args.width, args.width), torch.nn.Tanh(), torch.nn.Linear(args.width, args.width))
     model = DistributedDataParallel(net, bucket_cap_mb=8)  # one bucket (see the docstring)
     memory = MemorySink()
-    state = ddp_ring_hooks.register(model, algorithm=args.algorithm, log_dir=str(args.out / "tb"), spread_every=1,
-                                    links=True, sinks=[memory])
+    asked = {"diagnose": True} if args.diagnose else {"spread_every": 1, "links": True}
+    state = ddp_ring_hooks.register(model, algorithm=args.algorithm, log_dir=str(args.out / "tb"), sinks=[memory],
+                                    **asked)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(rank)
     for _ in range(args.steps):

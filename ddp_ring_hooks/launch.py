@@ -19,7 +19,7 @@ fast instead of hanging).
 Ranks start from a *fork server* (:func:`rank_context`) that imported torch once:
 
 1. The first rank started in a process starts the server: a fresh interpreter that imports
-   torch, this package and what DDP's constructor imports, then waits. It is this module's own server, not multiprocessing's
+   torch and this package, then waits. It is this module's own server, not multiprocessing's
    shared one, so the preload list a user gave ``multiprocessing.set_forkserver_preload`` for
    their DataLoaders is neither changed nor served by it (:class:`_RankPopen`).
 2. Each rank is a fork of that server: a fork, not a fresh interpreter importing torch (about
@@ -187,12 +187,8 @@ def started_ranks(
                 process.join(5)
 
 
-# What the fork server imports before it forks any rank: what every rank imports anyway. The
-# package's ``__init__`` is lazy, so its hooks are named; and DistributedDataParallel's constructor
-# imports ``torch.distributed.tensor.parallel.ddp`` and ``torch._dynamo`` (some 800 modules, about
-# 2 s of CPU) on first use, in every rank again unless the server has it.
-_FORK_SERVER_PRELOAD = ("torch", "torch.distributed", "ddp_ring_hooks", "ddp_ring_hooks.hooks",
-                        "torch.distributed.tensor.parallel.ddp", "torch._dynamo")
+# What the fork server imports before it forks any rank: what every rank imports anyway.
+_FORK_SERVER_PRELOAD = ("torch", "torch.distributed", "ddp_ring_hooks")
 
 
 @functools.cache

@@ -27,10 +27,22 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddp_ring_hooks import launch
 from ddp_ring_hooks.schedules import algorithm_examples
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+# -- the ranks' fork server: what the suite's ranks import, imported once -------------------------
+
+#: The suite's ranks build DistributedDataParallel models, whose constructor imports these on first
+#: use (some 800 modules, torch._dynamo and sympy among them: about 2 s of CPU in every rank of every
+#: launch). Added to this process's rank fork server (ddp_ring_hooks.launch, started with the first
+#: rank, after this runs), they are imported once per session. The library's default list stays as it
+#: is: a command that spawns ranks without DDP (``bench --nproc``) should not pay for them.
+launch._FORK_SERVER_PRELOAD = (*launch._FORK_SERVER_PRELOAD, "ddp_ring_hooks.hooks",
+                               "torch.distributed.tensor.parallel.ddp", "torch._dynamo")
 
 
 # -- the fast marker: a fast test starts no process ---------------------------------------------

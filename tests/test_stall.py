@@ -46,6 +46,10 @@ SLOW_RANK = 1
 #: The iterations of the walk (DDP rebuilds its buckets after iteration 0: start after it).
 SLOW_ITERATION, THAW_ITERATION, FREEZE_ITERATION = 2, 4, 7
 THAW_AFTER = STALL_AFTER + 1.5  # seconds frozen before the test sends SIGCONT (the others then waited ~4 s)
+#: For the torchrun and the lab cases, which freeze or cut a rank for good and wait for nothing
+#: slow: half the walk's seconds, so each ends sooner (the walk keeps room for its slow rank and
+#: its thaw, which must come between stall_after and stall_timeout).
+SHORT_STALL_AFTER, SHORT_STALL_TIMEOUT = 1.0, 3.0
 
 
 # -- the diagnosis, on records ---------------------------------------------------------------
@@ -390,7 +394,7 @@ def test_torchrun_restarts_after_a_native_stall_timeout_and_ends_with_the_uninte
     command = torchrun_command(
         out=tmp_path, port=free_port(), max_restarts=1,
         extra=(f"--steps={steps}", "--algorithm=native", f"--stall-rank={stalled_rank}", f"--stall-step={stall_step}",
-               f"--stall-after={STALL_AFTER:g}", f"--stall-timeout={STALL_TIMEOUT:g}"),
+               f"--stall-after={SHORT_STALL_AFTER:g}", f"--stall-timeout={SHORT_STALL_TIMEOUT:g}"),
     )
     started = time.monotonic()
     run = subprocess.run(command, env=loopback_environment(), capture_output=True, text=True, timeout=180)
@@ -422,8 +426,8 @@ def test_a_host_cut_off_mid_training_is_named_by_the_others(lab_machine, tmp_pat
     script = Path(__file__).resolve().parent / "scripts" / "stall_lab.py"
     cut = 2
     with EmulatedCluster(hosts=3, link="1Gbit") as lab:
-        job = lab.start([sys.executable, str(script), f"--out={tmp_path}", f"--stall-after={STALL_AFTER:g}",
-                         f"--stall-timeout={STALL_TIMEOUT:g}"])
+        job = lab.start([sys.executable, str(script), f"--out={tmp_path}", f"--stall-after={SHORT_STALL_AFTER:g}",
+                         f"--stall-timeout={SHORT_STALL_TIMEOUT:g}"])
         deadline = time.monotonic() + 150
         while not all(_steps_done(tmp_path, rank) >= 5 for rank in range(3)):
             assert time.monotonic() < deadline, "the ranks did not train on the lab"
@@ -436,9 +440,9 @@ def test_a_host_cut_off_mid_training_is_named_by_the_others(lab_machine, tmp_pat
         outcome = outcomes[host]
         assert outcome is not None, results[host].stderr[-3000:]
         named = [at for at, message in outcome["heard"] if f"rank {cut} is stalled" in message and at >= cut_at]
-        assert named and named[0] - cut_at < STALL_AFTER + 5, (host, outcome["heard"])
+        assert named and named[0] - cut_at < SHORT_STALL_AFTER + 5, (host, outcome["heard"])
         assert f"rank {cut} is stalled" in outcome["error"], outcome["error"]
-        assert outcome["failed_at"] - cut_at < STALL_TIMEOUT + 10, outcome["failed_at"] - cut_at
+        assert outcome["failed_at"] - cut_at < SHORT_STALL_TIMEOUT + 10, outcome["failed_at"] - cut_at
         print(f"host {cut} cut off, host {host} names it after {named[0] - cut_at:.1f} s, "
               f"fails after {outcome['failed_at'] - cut_at:.1f} s")
 

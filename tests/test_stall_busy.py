@@ -1,12 +1,14 @@
 """A rank that is alive and elsewhere is *busy*, never *stalled*; a paused one is not judged.
 
-Issue 32's case first: rank 0 of 3 gloo ranks is busy in Python for 12 s at step 5 (a
-checkpoint, an evaluation) while ranks 1 and 2 wait in bucket 0, with ``stall_after=2``,
-``stall_timeout=8`` and a group timeout of 60 s. Before this change ranks 1 and 2 called
-rank 0 stalled after 2 s and every rank failed at 8 s. Now:
+Issue 32's case first, scaled down by half in time (the issue: busy 12 s with ``stall_after=2``,
+``stall_timeout=8``): rank 0 of 3 gloo ranks is busy in Python for 6 s at step 5 (a
+checkpoint, an evaluation) while ranks 1 and 2 wait in bucket 0, with ``stall_after=1``,
+``stall_timeout=4`` and a group timeout of 60 s: busy for 6x ``stall_after`` and beyond
+``stall_timeout``, as in the issue. Before this change ranks 1 and 2 called rank 0 stalled
+after ``stall_after`` and every rank failed at ``stall_timeout``. Now:
 
 1. busy in Python (its watchdog keeps reporting): "rank 0 is busy outside the all-reduce
-   (iteration 4, 12 s)" once, no "stalled", no abort, training goes on with identical weights;
+   (iteration 4, 6 s)" once, no "stalled", no abort, training goes on with identical weights;
 2. busy holding the GIL (its watchdog cannot report: a C call that never lets go, as
    pickling a large checkpoint does): the others see its process running on this host, so
    it is busy too, not silent;
@@ -32,13 +34,15 @@ import torch
 from ddp_ring_hooks.telemetry.stall_report import RankRecord, Sightings, diagnose
 from tests._dist import run_ranks
 
-STALL_AFTER = 2.0
-STALL_TIMEOUT = 8.0
+#: Half the issue's seconds (2 s and 8 s there): every phase keeps its ratio to them, and the
+#: walk takes half as long. The watchdog polls every max(stall_after / 10, 0.1 s) = 0.1 s.
+STALL_AFTER = 1.0
+STALL_TIMEOUT = 4.0
 PG_TIMEOUT = 60.0  # far behind stall_timeout: an abort before it would be the watchdog's
 BUSY_RANK = 0
 #: step (0-based iteration after which rank 0 is busy) -> (how, seconds, paused)
 PHASES = {
-    5: ("python", 12.0, False),  # the issue's reproduction: 6x stall_after, beyond stall_timeout
+    5: ("python", 6 * STALL_AFTER, False),  # the issue's reproduction: 6x stall_after, beyond stall_timeout
     7: ("gil", 3 * STALL_AFTER, False),
     9: ("python", 3 * STALL_AFTER, True),
     11: ("gil", 3 * STALL_AFTER, True),
@@ -58,7 +62,7 @@ def _hold_the_gil(seconds: float, *, prelude: float) -> float:
     object does): ``sum`` over a ``range`` never returns to the interpreter loop. Calibrated
     on a short run first; returns how long it held. Before it, ``prelude`` seconds of Python
     (a checkpoint's dict being built): unpaused, the watchdog publishes "after the all-reduce"
-    within half a poll (0.1 s here), and a hold that starts sooner leaves the others the record of the step
+    within half a poll (0.05 s here), and a hold that starts sooner leaves the others the record of the step
     before; ``paused()`` publishes before it returns, so under it the hold starts at once."""
     _busy_in_python(prelude)
     started = time.perf_counter()
@@ -166,7 +170,9 @@ def test_a_busy_line_names_the_rank_once_per_wait_and_only_without_paused(busy_w
 
 # -- busy for longer than the group's own timeout: the backend ends the wait, not stall_timeout --
 
-BACKSTOP_PG_TIMEOUT, BACKSTOP_STALL_TIMEOUT, BACKSTOP_BUSY = 8.0, 3.0, 14.0
+#: The group's timeout, short (the ranks meet at once: spawned together by the fork server), yet
+#: twice stall_timeout; busy for longer than it, by enough for the bound below.
+BACKSTOP_PG_TIMEOUT, BACKSTOP_STALL_TIMEOUT, BACKSTOP_BUSY = 6.0, 3.0, 10.0
 
 
 def _busy_past_the_group_timeout(rank: int, world_size: int) -> dict:
@@ -197,7 +203,7 @@ def test_stall_timeout_never_aborts_for_a_busy_rank_the_groups_own_timeout_does_
     waiting = run_ranks(_busy_past_the_group_timeout, 2, timeout=90, pg_timeout=BACKSTOP_PG_TIMEOUT)[1]
     assert waiting["failure"] == "None", waiting["failure"]  # the watchdog never timed out
     assert waiting["step"] == 2 and "RankStalledError" not in waiting["error"], waiting
-    # Not at stall_timeout (3 s): at the group's own timeout (8 s), from gloo itself.
+    # Not at stall_timeout (3 s): at the group's own timeout (6 s), from gloo itself.
     assert BACKSTOP_PG_TIMEOUT - 1 < waiting["failed_after"] < BACKSTOP_BUSY - 1, waiting["failed_after"]
     assert "The stall watchdog had found: rank 1: bucket 0 of iteration 2" in waiting["error"], waiting["error"]
     assert f"rank {BUSY_RANK} is busy outside the all-reduce (iteration 1, " in waiting["error"], waiting["error"]

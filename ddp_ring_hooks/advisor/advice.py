@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..schedules import algorithm_names, formula_for, get_algorithm
-from .network import Network, from_run
+from .network import Network, from_probe, from_run
 from .profile import TimelineRecord, profile_run
 from .ring_order import RingOrderNote, ring_order_note
 from .step_model import Setting, StepModel, run_setting, setting_options
@@ -35,12 +35,18 @@ MIN_GAIN = 1.03
 
 
 def step_model(records: Sequence[TimelineRecord], *, network: Network | None = None) -> StepModel:
-    """The calibrated step model of the run in timeline ``records``."""
+    """The calibrated step model of the run in timeline ``records``: priced with ``network``
+    when given, else with the probe the run recorded when its hook was registered, else with
+    its own buckets' fit."""
     profile = profile_run(records)
+    options = setting_options(profile, run_setting(profile))
     run_network = from_run(
         algorithm=profile.algorithm, world_size=profile.world_size,
-        samples=[(b.nbytes, b.comm_ms) for b in profile.buckets], options=setting_options(profile, run_setting(profile)),
+        samples=[(b.nbytes, b.service_ms or b.comm_ms) for b in profile.buckets], options=options,
     )
+    if network is None and profile.probe:
+        network = from_probe(profile.probe, algorithm=profile.probe_algorithm, world_size=profile.world_size,
+                             options=setting_options(profile, run_setting(profile)) if profile.probe_algorithm == profile.algorithm else {})
     return StepModel(profile, run_network, network or run_network)
 
 

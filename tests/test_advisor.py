@@ -249,9 +249,15 @@ def test_advice_has_the_stable_shape_and_names_the_change():
     advice = advise(timeline(ready=[20.0, 20.0]))
     assert set(advice["run"]) == {"world_size", "algorithm", "accumulate", "bucket_cap_mb", "steps", "step_ms",
                                   "compute_ms", "comm_ms", "exposed_ms"}
-    assert {r["knob"] for r in advice["what_if"]} == {"bucket_cap_mb", "accumulate", "algorithm", "world_size"}
+    assert {r["knob"] for r in advice["what_if"]} == {"bucket_cap_mb", "accumulate", "algorithm", "world_size", "wire_dtype"}
     assert {r["value"] for r in advice["what_if"] if r["knob"] == "algorithm"} >= {"ring", "tree", "native"}
-    assert all(set(r) == {"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup", "this_run"} for r in advice["what_if"])
+    # The fields every row had before, and the ones added since (issue 31): the shape only grows.
+    row_fields = {"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup", "this_run", "speedup_range", "uncertain"}
+    assert all(set(r) == row_fields | ({"verdict"} if r["knob"] == "wire_dtype" else set()) for r in advice["what_if"])
+    wires = {r["value"]: r for r in advice["what_if"] if r["knob"] == "wire_dtype"}
+    assert set(wires) == {"fp32", "bf16", "fp16"} and wires["fp32"]["this_run"] and wires["fp32"]["verdict"] is None
+    # No probe: the casts were never timed, so a narrower wire's row says it is uncertain.
+    assert wires["bf16"]["verdict"] in ("pays", "does not pay") and wires["bf16"]["uncertain"]
     rec = advice["recommendation"]
     # Accumulation gains 1.08x, 1.12x, 1.15x, 1.16x at k=2..16: the knee (80% of the largest gain) is k=8.
     gains = {r["value"]: r["speedup"] for r in advice["what_if"] if r["knob"] == "accumulate"}
@@ -263,7 +269,7 @@ def test_advice_has_the_stable_shape_and_names_the_change():
 def test_the_table_marks_the_runs_own_rows_and_explains_the_explicit_cap_of_its_size():
     default_cap = advise(timeline(ready=[20.0, 20.0]))  # DDP's default: 1 MiB first bucket, then 25 MiB
     own = {(r["knob"], r["value"]) for r in default_cap["what_if"] if r["this_run"]}
-    assert own == {("accumulate", 1), ("algorithm", "ring"), ("world_size", 2)}
+    assert own == {("accumulate", 1), ("algorithm", "ring"), ("world_size", 2), ("wire_dtype", "fp32")}
     text = format_advice(default_cap)
     assert "  1 (this run) " in text and "  ring (this run) " in text and "  2 (this run) " in text
     assert "25 (this run)" not in text

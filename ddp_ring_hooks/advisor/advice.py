@@ -5,9 +5,16 @@
     {"run": {"world_size", "algorithm", "accumulate", "bucket_cap_mb", "steps", "step_ms",
              "compute_ms", "comm_ms", "exposed_ms"},
      "rank_order": {"crossings", "fewest", "busiest", "speedup", "calibrated", "line"} or None,   # what the order costs
-     "what_if": [{"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup", "this_run"}, ...],
+     "what_if": [{"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup", "this_run",
+                  "speedup_range", "uncertain", ("verdict": wire_dtype rows)}, ...],
      "recommendation": {"knob", "value", "speedup", "why"},
      "model": {...}}       # how the numbers were made: network, contention, notes
+
+Fields added since the shape was first published (issue 31): ``speedup_range``, the row's
+speedup on the fastest and slowest network its source allows (``None`` when the source gives
+no error bar); ``uncertain``, the error bar is wider than the gain (or a narrower wire's casts
+were never measured), so the row is no advice; on the ``wire_dtype`` rows ``verdict``, "pays"
+or "does not pay" (``None`` for the run's own wire).
 
 ``step_ms`` is one optimizer step (all its micro-batches); ``speedup`` is samples per second
 relative to the run; knobs change one at a time from the run's setting; ``this_run`` marks
@@ -22,7 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..schedules import algorithm_names, formula_for, get_algorithm
+from ..schedules import WIRE_BYTES, WIRE_DTYPE, algorithm_names, formula_for, get_algorithm, is_narrow
+from ..schedules.wire import AS_IS
 from .network import Network, from_probe, from_run
 from .profile import TimelineRecord, profile_run
 from .ring_order import RingOrderNote, ring_order_note
@@ -30,6 +38,8 @@ from .step_model import Setting, StepModel, run_setting, setting_options
 
 BUCKET_CAPS_MB = (1, 5, 10, 25, 50, 100)
 ACCUMULATE = (1, 2, 4, 8, 16)
+#: The wire dtype's knob in the tables: the registry's option name.
+WIRE = WIRE_DTYPE.name
 #: Predicted gains below this are within the model's error: no recommendation.
 MIN_GAIN = 1.03
 
@@ -85,18 +95,43 @@ def what_if(model: StepModel) -> list[dict]:
     # Another algorithm takes its own options' defaults (and the run's LOCAL_WORLD_SIZE), not the run's.
     variants += [("algorithm", a, replace(here, algorithm=a, algorithm_options=())) for a in algorithm_names()]
     variants += [("world_size", p, replace(here, world_size=p)) for p in world_sizes(here.world_size)]
+    variants += [(WIRE, w, replace(here, wire=w)) for w in WIRE_BYTES]
+    bounds = [model.with_network(n) for n in model.network.bounds] if model.network.bounds else []
     rows = []
     for knob, value, setting in variants:
         try:
             prediction = model.predict(setting)
         except ValueError:  # options that do not fit, e.g. a node size that does not divide p
             continue
-        rows.append({
+        speedup = model.speedup(setting)
+        row = {
             "knob": knob, "value": value, "step_ms": prediction.step_ms, "comm_ms": prediction.comm_ms,
-            "exposed_ms": prediction.exposed_ms, "speedup": model.speedup(setting),
+            "exposed_ms": prediction.exposed_ms, "speedup": speedup,
             "this_run": _is_run(model, knob, value),
-        })
+            "speedup_range": None, "uncertain": False,
+        }
+        if bounds:  # the same row on the fastest and the slowest network the probe allows
+            ends = sorted(b.speedup(setting) for b in bounds)
+            row["speedup_range"] = [min(ends[0], speedup), max(ends[-1], speedup)]
+            row["uncertain"] = not row["this_run"] and _wider_than_gain(row["speedup_range"], speedup)
+        if knob == WIRE:
+            if not row["this_run"] and _casts_unmeasured(model, setting):
+                row["uncertain"] = True  # a narrower wire's casts are priced free without a probe of them
+            row["verdict"] = None if row["this_run"] else ("pays" if speedup >= MIN_GAIN else "does not pay")
+        rows.append(row)
     return rows
+
+
+def _wider_than_gain(speedup_range: Sequence[float], speedup: float) -> bool:
+    """Whether the error bar (half the range the measurements allow) is wider than the gain
+    (or loss) itself: the row could go either way."""
+    low, high = speedup_range
+    return (high - low) / 2 > abs(speedup - 1)
+
+
+def _casts_unmeasured(model: StepModel, setting: Setting) -> bool:
+    """Whether ``setting`` narrows the wire but the network knows no cast cost (γ = 0: no probe of two wires)."""
+    return is_narrow(setting_options(model.profile, setting)) and model.network.calibration(setting.algorithm).gamma == 0
 
 
 def _plain_number(value: float) -> int | float:
@@ -122,7 +157,8 @@ def recommend(model: StepModel, rows: Sequence[dict]) -> dict:
     p = model.profile
     exposed_share = p.exposed_ms / p.step_ms
     contention_share = p.contention_ms / p.step_ms
-    candidates = [r for r in rows if r["knob"] != "world_size" and not r["this_run"]]
+    # A row whose error bar is wider than its gain is no advice (it says so in the table).
+    candidates = [r for r in rows if r["knob"] != "world_size" and not r["this_run"] and not r.get("uncertain")]
     free = max((r for r in candidates if r["knob"] != "accumulate"), key=lambda r: r["speedup"], default=None)
     more = [r for r in candidates if r["knob"] == "accumulate" and r["value"] > p.accumulate]
     top = max(more, key=lambda r: r["speedup"], default=None)
@@ -148,6 +184,10 @@ def recommend(model: StepModel, rows: Sequence[dict]) -> dict:
         why = (f"exposed communication is {exposed_share:.0%} of the step ({p.exposed_ms:.1f} ms); "
                f"{value} MB buckets are predicted to leave {best['exposed_ms']:.1f} ms exposed "
                f"({len(p.buckets)} buckets now)")
+    elif knob == WIRE:
+        why = (f"exposed communication is {exposed_share:.0%} of the step; {value} on the wire halves the bytes for "
+               f"two casts per byte, predicted to leave {best['exposed_ms']:.1f} ms exposed (the gradients are "
+               f"rounded to {value} on the way: error_feedback=True puts what rounding lost back)")
     else:
         here = next((r for r in rows if r["knob"] == "algorithm" and r["value"] == p.algorithm), None)
         now = f"{here['comm_ms']:.1f} ms with {p.algorithm}" if here else f"{p.comm_ms:.1f} ms now"
@@ -160,7 +200,8 @@ def _is_run(model: StepModel, knob: str, value) -> bool:
     default one: it also caps the first bucket)."""
     p = model.profile
     own = {"accumulate": p.accumulate, "algorithm": p.algorithm, "world_size": p.world_size,
-           "bucket_cap_mb": None if p.default_bucket_cap else _plain_number(p.bucket_cap_mb)}
+           "bucket_cap_mb": None if p.default_bucket_cap else _plain_number(p.bucket_cap_mb),
+           WIRE: p.wire or AS_IS}
     return own[knob] == value
 
 
@@ -215,7 +256,8 @@ def format_advice(advice: dict) -> str:
         "",
     ]
     titles = {"bucket_cap_mb": "bucket_cap_mb", "accumulate": "accumulate (effective batch grows with k)",
-              "algorithm": "algorithm", "world_size": "world size (same micro-batch per rank)"}
+              "algorithm": "algorithm", "world_size": "world size (same micro-batch per rank)",
+              WIRE: f"{WIRE} (what the buckets travel in)"}
     for knob, title in titles.items():
         rows = [r for r in advice["what_if"] if r["knob"] == knob]
         if not rows:
@@ -224,8 +266,15 @@ def format_advice(advice: dict) -> str:
         for r in rows:
             value = f"{r['value']:g}" if isinstance(r["value"], float) else str(r["value"])
             label = f"{value} (this run)" if r.get("this_run") else value
+            spread = r.get("speedup_range")
+            extra = f"  {spread[0]:.2f}-{spread[1]:.2f}x" if spread else ""
+            if r.get("verdict"):
+                extra += f"  {r['verdict']}"
+            if r.get("uncertain"):
+                extra += "  (uncertain: " + ("its error bar is wider than its gain)" if spread else
+                                             "the casts were not measured: no probe of a second wire)")
             lines.append(f"  {label:<42} {r['step_ms']:>9.1f} {r['comm_ms']:>9.1f} "
-                         f"{r['exposed_ms']:>9.1f} {r['speedup']:>7.2f}x")
+                         f"{r['exposed_ms']:>9.1f} {r['speedup']:>7.2f}x{extra}")
         same_size = [r for r in rows if knob == "bucket_cap_mb" and model["default_bucket_cap"]
                      and r["value"] == run["bucket_cap_mb"]]
         if same_size:

@@ -143,7 +143,7 @@ def from_probe(
               f"{links.gamma * 1e9:.2f} ns/B; the blocks' spread moves beta by {spread:.0%}")
 
     def network(found: Links, note: str) -> Network:
-        return Network({ANY: found}, note)
+        return Network({ANY: found}, note, here=True)
 
     return Network({ANY: links}, source, here=True, bounds=(network(fitted.fastest, "the probe's fastest blocks"),
                                                  network(fitted.slowest, "the probe's slowest blocks")))

@@ -295,6 +295,11 @@ def merge_runs(runs: list[list[TimelineRecord]]) -> list[TimelineRecord]:
     without their run line and first step (DDP's provisional single bucket)."""
     merged = list(runs[0])
     for records in runs[1:]:
+        first, this = runs[0][0], records[0]
+        if (this.world_size, this.algorithm, this.bucket_cap_bytes) != (first.world_size, first.algorithm, first.bucket_cap_bytes):
+            raise ValueError(
+                f"these runs are not of one setting: {first.world_size} ranks, {first.algorithm}, cap {first.bucket_cap_bytes} B "
+                f"and {this.world_size} ranks, {this.algorithm}, cap {this.bucket_cap_bytes} B; merge rounds of one base run only")
         merged += records[2:]
     return merged
 

@@ -320,12 +320,14 @@ def _train_and_advise(rank: int, world_size: int, log_dir: str):
     advice = state.advise()
     state.close()
     grads = [p.grad for p in model.parameters()]
-    return advice, torch.cat([torch.zeros(1)] + [g.flatten() for g in grads if g is not None])
+    probe = state.plan.probed[1]
+    return advice, torch.cat([torch.zeros(1)] + [g.flatten() for g in grads if g is not None]), probe
 
 
 def test_two_ranks_then_advise_json_reads_the_log_dir(tmp_path):
     log_dir = str(tmp_path / "run")
-    (advice, grads0), (_, grads1) = run_ranks(_train_and_advise, 2, log_dir, timeout=180)
+    (advice, grads0, probe0), (_, grads1, probe1) = run_ranks(_train_and_advise, 2, log_dir, timeout=180)
+    probes = [probe0, probe1]
     assert grads0.equal(grads1)
     assert advice["run"]["accumulate"] == 2 and advice["run"]["world_size"] == 2
     assert advice["run"]["steps"] == 6  # 8 steps: the first is DDP's single bucket, the last never ends
@@ -336,8 +338,21 @@ def test_two_ranks_then_advise_json_reads_the_log_dir(tmp_path):
     assert done.returncode == 0, done.stderr
     offline = json.loads(done.stdout)
     assert offline["run"] == advice["run"]  # the file holds what memory held
-    assert {r["knob"] for r in offline["what_if"]} == {"bucket_cap_mb", "accumulate", "algorithm", "world_size"}
+    assert {r["knob"] for r in offline["what_if"]} == {"bucket_cap_mb", "accumulate", "algorithm", "world_size", "wire_dtype"}
     assert set(offline["recommendation"]) == {"knob", "value", "speedup", "why"}
+    # The probe ran when the hook was registered (collective: every rank holds the same numbers),
+    # the timeline recorded it, and the advice is priced with it and says so.
+    from ddp_ring_hooks.runtime.network_probe import PROBE_REPEATS, PROBE_SIZES, WIRE_SIZES
+    from ddp_ring_hooks.telemetry.timeline import read_timeline
+
+    (run_path,) = glob.glob(os.path.join(log_dir, "**", "timeline*.jsonl"), recursive=True)[:1]
+    run = read_timeline(run_path)[0]
+    assert run.probe_algorithm == "ring" and dict(run.options)["wire_dtype"] == "fp32"
+    assert [(s.nbytes, s.wire) for s in run.probe] == [*((n, "fp32") for n in PROBE_SIZES), *((n, "bf16") for n in WIRE_SIZES)]
+    assert all(len(s.seconds) == PROBE_REPEATS and min(s.seconds) > 0 for s in run.probe)
+    assert offline["model"]["network"]["source"].startswith("probed when the hook was registered: ring at 16 KiB-2 MiB")
+    assert all(r["speedup_range"] is not None for r in offline["what_if"])
+    assert probes[0] == probes[1] == run.probe
     assert offline["model"]["buckets"] and sum(offline["model"]["buckets"]) == (256 * 256 + 256) * 4 * 2 + (256 * 10 + 10) * 4
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -657,3 +672,96 @@ def test_a_two_tier_network_prices_the_what_ifs_with_the_uplink_shared_by_a_node
     rows = advise(records, network=network)["what_if"]
     assert {r["value"] for r in rows if r["knob"] == "world_size"} == {2, 4, 8, 64, 512}  # nodes of 2 fit each
     assert "two tiers (nodes of 2 ranks)" in advise(records, network=network)["model"]["network"]["source"]
+
+
+# -- the probe, wire rows, what the advice withholds (issue 31) -------------------------------------
+
+
+def probe_samples(alpha_s: float, rate_Bps: float, gamma_s_per_B: float, *, spread: float = 0.0):
+    """A probe of the ring at p=2 on a network of exactly ``alpha``, ``1 / rate``, ``gamma``: the
+    times its formula gives, each size's three blocks ``spread`` apart (fastest, median, slowest)."""
+    from ddp_ring_hooks.cost_model import Links, ProbeSample, predict
+    from ddp_ring_hooks.runtime.network_probe import PROBE_SIZES, WIRE_SIZES
+
+    links = Links(alpha_s, 1.0 / rate_Bps, gamma_s_per_B)
+    samples = []
+    for wire, sizes in (("fp32", PROBE_SIZES), ("bf16", WIRE_SIZES)):
+        for n in sizes:
+            t = predict("ring", n, 2, links=links, wire_dtype=wire)
+            samples.append(ProbeSample(n, wire, (t * (1 - spread), t, t * (1 + spread))))
+    return tuple(samples)
+
+
+@pytest.mark.fast
+def test_the_probe_fit_recovers_alpha_beta_gamma_and_its_blocks_spread_is_the_error_bar():
+    from ddp_ring_hooks.advisor.network import from_probe
+
+    exact = from_probe(probe_samples(50e-6, 50e6, 1e-9), algorithm="ring", world_size=2)
+    links = exact.calibration("ring")
+    assert links.alpha == pytest.approx(50e-6, rel=1e-6) and links.beta == pytest.approx(1 / 50e6, rel=1e-6)
+    assert links.gamma == pytest.approx(1e-9, rel=1e-6)
+    assert exact.here and exact.source.startswith("probed when the hook was registered: ring at 16 KiB-2 MiB")
+    noisy = from_probe(probe_samples(50e-6, 50e6, 1e-9, spread=0.2), algorithm="ring", world_size=2)
+    fastest, slowest = (n.calibration("ring") for n in noisy.bounds)
+    assert fastest.beta == pytest.approx(0.8 / 50e6, rel=1e-6) and slowest.beta == pytest.approx(1.2 / 50e6, rel=1e-6)
+
+
+def _probed(records, samples):
+    """``records`` with the run line carrying ``samples`` as the ring's probe and an fp32 wire."""
+    run = dataclasses.replace(records[0], probe=samples, probe_algorithm="ring", options=(("wire_dtype", "fp32"),))
+    return [run, *records[1:]]
+
+
+@pytest.mark.fast
+def test_the_wire_rows_say_pays_on_a_slow_link_and_does_not_pay_where_casts_cost_more_than_the_bytes():
+    """bf16 halves the bytes for two casts per byte: on a 50 MB/s link with cheap casts it pays;
+    on a fast link whose casts cost more than the bytes saved it does not (loopback's case)."""
+    records = timeline(ready=[20.0, 20.0])  # nothing hidden: all communication is exposed
+    slow = advise(_probed(records, probe_samples(50e-6, 50e6, 0.1e-9)))
+    fast = advise(_probed(records, probe_samples(50e-6, 5e9, 2e-9)))
+    for advice, verdict in ((slow, "pays"), (fast, "does not pay")):
+        rows = {r["value"]: r for r in advice["what_if"] if r["knob"] == "wire_dtype"}
+        assert rows["bf16"]["verdict"] == verdict and not rows["bf16"]["uncertain"], rows["bf16"]
+        assert rows["fp32"]["this_run"] and rows["fp32"]["speedup"] == pytest.approx(1.0)
+        assert advice["model"]["network"]["source"].startswith("probed when the hook was registered")
+        assert advice["model"]["reproduced_error"] == pytest.approx(0.0, abs=1e-9)  # the run's own row, exactly
+    assert slow["recommendation"]["knob"] in ("wire_dtype", "accumulate")
+    assert "wire_dtype (what the buckets travel in)" in format_advice(slow) and "  pays" in format_advice(slow)
+
+
+@pytest.mark.fast
+def test_a_row_whose_error_bar_is_wider_than_its_gain_says_so_and_is_not_recommended():
+    records = timeline(ready=[20.0, 20.0])
+    advice = advise(_probed(records, probe_samples(50e-6, 50e6, 0.1e-9, spread=0.6)))
+    uncertain = [r for r in advice["what_if"] if r["uncertain"]]
+    assert uncertain and all(r["speedup_range"][1] - r["speedup_range"][0] > 2 * abs(r["speedup"] - 1) for r in uncertain)
+    assert (advice["recommendation"]["knob"], advice["recommendation"]["value"]) not in {(r["knob"], r["value"]) for r in uncertain}
+    assert "(uncertain: its error bar is wider than its gain)" in format_advice(advice)
+
+
+@pytest.mark.fast
+def test_a_run_the_model_cannot_reproduce_says_by_how_much_and_gets_no_recommendation():
+    """Buckets that end before backward does with a k=2 no_sync micro-batch slower than forward
+    and backward together: the clocks disagree (exposed < 0), the model clamps, and misses the step."""
+    advice = advise(timeline(ready=[0.0, 1.0], lanes=2, other_cpu=19.0, cpu_count=2, k=2, micro=25.0))
+    assert abs(advice["model"]["reproduced_error"]) > 0.02
+    assert advice["recommendation"]["knob"] is None
+    assert "reproduces this run's own step only within +37.0%" in advice["recommendation"]["why"]
+
+
+@pytest.mark.fast
+def test_a_network_far_from_the_runs_own_buckets_is_named_as_another_network():
+    records = timeline(ready=[20.0, 20.0])
+    other = advise(records, network=from_latency_bandwidth(latency_s=5e-6, bandwidth_Bps=100e9))
+    assert any("describes another network" in note for note in other["model"]["notes"])
+    close = advise(records, network=from_latency_bandwidth(latency_s=ALPHA_MS * 1e-3, bandwidth_Bps=1e3 / BETA_MS))
+    assert not any("describes another network" in note for note in close["model"]["notes"])
+
+
+@pytest.mark.fast
+def test_network_probe_takes_true_or_false():
+    from ddp_ring_hooks.hooks.options import check_register_options
+
+    check_register_options(network_probe=False)
+    with pytest.raises(ValueError, match="network_probe must be True or False .*got 'no'"):
+        check_register_options(network_probe="no")

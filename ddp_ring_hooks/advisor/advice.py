@@ -40,6 +40,8 @@ BUCKET_CAPS_MB = (1, 5, 10, 25, 50, 100)
 ACCUMULATE = (1, 2, 4, 8, 16)
 #: The wire dtype's knob in the tables: the registry's option name.
 WIRE = WIRE_DTYPE.name
+#: The run's own step must be reproduced within this share, or the advice withholds its recommendation.
+REPRODUCED = 0.02
 #: Predicted gains below this are within the model's error: no recommendation.
 MIN_GAIN = 1.03
 
@@ -77,6 +79,26 @@ def priced_as_note(algorithm: str, network: Network) -> str:
         return f"{algorithm}: fitted to its bench records"
     record = get_algorithm(algorithm)
     return f"{algorithm}: {record.summary}, costed with the {formula_for(algorithm)} formula on this network (not measured)"
+
+
+#: A given network that prices the run's own buckets this many times faster or slower than
+#: they ran describes another network: the advice says so.
+FOREIGN = 2.0
+
+
+def foreign_network_note(model: StepModel) -> list[str]:
+    """A note when the network given prices this run's own buckets far from what they took:
+    then the rows predict that network, not this one (the run's own row is still what it measured)."""
+    if model.network.here:
+        return []
+    p, setting = model.profile, run_setting(model.profile)
+    options = setting_options(p, setting)
+    measured = sum(b.service_ms or b.comm_ms for b in p.buckets)
+    priced = sum(model.network.cost_ms(p.algorithm, b.nbytes, p.world_size, **options) for b in p.buckets)
+    if measured <= 0 or priced <= 0 or 1 / FOREIGN <= priced / measured <= FOREIGN:
+        return []
+    return [f"the network given ({model.network.source}) prices this run's buckets at {priced:.1f} ms where they "
+            f"took {measured:.1f} ms: it describes another network, and every row predicts that network, not this one"]
 
 
 def world_sizes(p: int) -> list[int]:
@@ -211,6 +233,14 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
     model = step_model(records, network=network)
     p = model.profile
     rows = what_if(model)
+    # The run's own setting, predicted: exact when the calibration holds (it can fail where the
+    # model clamps, e.g. an exposed time it cannot make negative). Off by more than 2%, no advice.
+    reproduced = model.predict(run_setting(p)).step_ms / p.step_ms - 1
+    recommendation = recommend(model, rows)
+    if abs(reproduced) > REPRODUCED:
+        recommendation = {"knob": None, "value": None, "speedup": 1.0, "why": (
+            f"the model reproduces this run's own step only within {reproduced:+.1%} (more than "
+            f"{REPRODUCED:.0%}): every row carries that error, so no change is recommended")}
     notes = [
         f"step = k x clean micro-batch ({p.clean_micro_ms:.1f} ms) + rest of the step ({p.step_rest_ms:.1f} ms) "
         f"+ contention + exposed + optimizer ({p.optimizer_ms:.1f} ms), calibrated to reproduce this run's step",
@@ -218,6 +248,7 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
         "accumulate k: the effective batch grows k-fold (k x micro-batch x world size samples per step)",
         "world_size: the same micro-batch per rank on more ranks (weak scaling); speedup counts all ranks' samples",
         *(priced_as_note(a, model.network) for a in algorithm_names() if get_algorithm(a).cost is None),
+        *foreign_network_note(model),
     ]
     ring = ring_order_of_run(model)
     return {
@@ -228,10 +259,11 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
             "compute_ms": p.step_ms - p.exposed_ms, "comm_ms": p.comm_ms, "exposed_ms": p.exposed_ms,
         },
         "what_if": rows,
-        "recommendation": recommend(model, rows),
+        "recommendation": recommendation,
         "model": {
             "network": model.network.as_dict(),
             "run_network": model.run_network.as_dict(),
+            "reproduced_error": reproduced,
             "contention_ms": p.contention_ms,
             "contention_source": p.contention_source,
             "clean_micro_ms": p.clean_micro_ms,

@@ -61,6 +61,7 @@ class Plan:
         self.device = None if device is None else torch.device(device)
         self.feedback = feedback
         self.network_probe = network_probe
+        self.probed: tuple[str, tuple[ProbeSample, ...]] | None = None  # what probe_network measured
         self.selector: AutoSelector | None = None
         if algorithm == AUTO:  # every rank meets here: the probe (which settles the candidates' ring orders)
             self.selector = AutoSelector.probed(group, device=device, **options)
@@ -109,7 +110,8 @@ class Plan:
         else:
             algorithm = self.AUTO_PROBED_AS
             options = resolve_options(algorithm, options_for(algorithm, self.options))
-        return algorithm, probe_network(group, algorithm=algorithm, options=options, device=self.device)
+        self.probed = algorithm, probe_network(group, algorithm=algorithm, options=options, device=self.device)
+        return self.probed
 
     def schedules(self, world_size: int) -> list[Schedule]:
         """Every schedule this plan can run (each candidate's, for ``auto``), at the smallest
@@ -143,5 +145,5 @@ class Plan:
                 "feedback": self.feedback, "network_probe": self.network_probe}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update({"network_probe": True, **state})
+        self.__dict__.update({"network_probe": True, **state, "probed": None})
         self._context = None

@@ -9,15 +9,16 @@ when :func:`~ddp_ring_hooks.register` attaches the hook (collective, the same on
         one warm-up, then PROBE_REPEATS blocks of PROBE_CALLS all-reduces    records the block
         (a barrier before each block; a block counts for its slowest rank)    times, the advisor
     the other wire (bf16 for an fp32 run, fp32 for a narrower one), at the   fits them, and the
-    WIRE_SIZES only: what the casts cost                                     blocks' spread is
+    WIRE_SIZES only: what the casts cost (γ)                                 blocks' spread is
                                                                              its error bar)
 
 1. The calls go through the executors the hook uses (:func:`~.selection.time_all_reduce_blocks`,
    ``auto``'s own timing), so the probe's α holds the executor's per-step overheads.
 2. A block's time is the slowest rank's (all-reduced with MAX), so every rank holds the same
    numbers: nothing to broadcast.
-3. Sizes: a small one (the per-message cost), a middle one and 2 MiB, large enough on a shaped
-   link that the shaper's burst (5 ms of the rate on the lab) is a few percent of a block.
+3. Sizes: a small one (the per-message cost) and 2 MiB, large enough on a shaped link that the
+   shaper's burst (5 ms of the rate on the lab) is a few percent of a block; the other wire at
+   2 MiB only. Three blocks of one call each (after one warm-up call per size): 12 all-reduces.
 
 What it costs is measured in ``docs/advisor.md`` (p = 2 and 4, loopback and the lab): the
 2 MiB blocks decide it. ``network_probe=False`` (a ``register`` / ``HookState`` option) turns it
@@ -39,11 +40,13 @@ from ..schedules.wire import AS_IS
 from .collectives import device_of
 from .selection import time_all_reduce_blocks
 
-#: Bytes per rank of the probe's all-reduces: latency-bound, middle, bandwidth-bound.
-PROBE_SIZES = (16 * 1024, 256 * 1024, 2 * 1024 * 1024)
-#: The sizes the other wire dtype is timed at (what a cast costs grows with the bytes).
-WIRE_SIZES = (256 * 1024, 2 * 1024 * 1024)
-PROBE_REPEATS, PROBE_CALLS = 3, 2
+#: Bytes per rank of the probe's all-reduces: latency-bound and bandwidth-bound (two sizes fit
+#: α and β; a middle size cost as much again for a check no row needed).
+PROBE_SIZES = (16 * 1024, 2 * 1024 * 1024)
+#: The sizes the other wire dtype is timed at (γ: what the casts cost, on top of the bytes).
+WIRE_SIZES = (2 * 1024 * 1024,)
+#: Blocks per size (their fastest and slowest are the error bar) and calls per block.
+PROBE_REPEATS, PROBE_CALLS = 3, 1
 #: The wire dtype timed beside an fp32 run's (and fp32 beside a narrower run's).
 OTHER_WIRE = "bf16"
 

@@ -765,3 +765,18 @@ def test_network_probe_takes_true_or_false():
     check_register_options(network_probe=False)
     with pytest.raises(ValueError, match="network_probe must be True or False .*got 'no'"):
         check_register_options(network_probe="no")
+
+
+@pytest.mark.fast
+def test_exposed_never_exceeds_communication_in_any_row_and_the_runs_own_row_reads_as_measured():
+    """Both timed from the hand-over: communication is hidden + exposed (the queue included)."""
+    cases = [timeline(ready=[2.0, 20.0]), timeline(ready=[19.0, 20.0]), timeline(ready=[2.0, 20.0], lanes=2),
+             timeline(ready=[20.0, 20.0], k=2, micro=31.0), _probed(timeline(ready=[2.0, 20.0]), probe_samples(50e-6, 50e6, 1e-9))]
+    for records in cases:
+        advice = advise(records)
+        run = advice["run"]
+        assert run["exposed_ms"] <= run["comm_ms"] + 1e-9, run
+        for row in advice["what_if"]:
+            assert row["exposed_ms"] <= row["comm_ms"] + 1e-9, row
+            if row["this_run"]:
+                assert row["comm_ms"] == pytest.approx(run["comm_ms"]) and row["step_ms"] == pytest.approx(run["step_ms"])

@@ -165,7 +165,9 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
         )
         for i in range(count)
     )
-    intervals = [[(b.start_ms, b.end_ms) for b in s.buckets] for s in steps]
+    # Communication from each bucket's hand-over (its queue included) to its end, as the replay
+    # counts it: the same start as exposed, so exposed never exceeds it.
+    intervals = [[(b.ready_ms, b.end_ms) for b in s.buckets] for s in steps]
     comm = statistics.median(busy_ms(i) for i in intervals)
     hidden = statistics.median(busy_ms(i, until=s.backward_ms) for i, s in zip(intervals, steps))
     if k > 1:

@@ -7,18 +7,20 @@
 1. **Buckets.** The run's own buckets when the setting keeps its bucket limits; otherwise
    DDP's rules (:mod:`.bucketing`) repack the parameters, and each new bucket is ready when
    the gradient-ready curve (:mod:`.ready_curve`) reaches its last byte.
-2. **Costs.** Each bucket's all-reduce from the :class:`~.network.Network` (α-β, per algorithm
-   and world size).
-3. **Lanes.** The buckets queue through the lanes (:mod:`.lanes`): communication, the part
-   hidden behind backward, and the exposed part after it.
+2. **Costs.** Each bucket's all-reduce from the :class:`~.network.Network`
+   (:func:`~.network.bucket_cost`: α on its lane, bytes on the link; per algorithm, world size
+   and wire dtype).
+3. **Replay.** The buckets queue through the lanes and the one shared link (:mod:`.replay`):
+   communication from each hand-over, the part hidden behind backward, and the exposed part after it.
 4. **Contention.** On CPU, hidden communication still costs backward time: the communication
    threads copy and add bytes on the same cores. The run measured it (:mod:`.profile`); it is
    taken to grow with the bytes moved while backward runs (``bytes_factor · bucket bytes``,
    for each bucket the share of its transfer that overlaps backward). Backward stretches by
    it, which moves the hand-over times: a few rounds of lanes settle it.
 5. **Calibrated on the run.** The model of the run's own setting is compared with what the
-   run measured; the difference (the exposed time the α-β queue does not explain: hook
-   start-up, waiting for the slower rank) is added to every prediction, so the run's own
+   run measured; the differences (the exposed time the α-β queue does not explain: hook
+   start-up, waiting for the slower rank; the communication time likewise; the contention
+   the bytes behind backward do not explain) are added to every prediction, so the run's own
    setting is predicted exactly and the others move by what the model says changes.
 
 Samples per step grow as ``k · p``: the effective batch grows with accumulation ``k``
@@ -168,12 +170,17 @@ class StepModel:
         here = _model(self.profile, calibrated_with, run_setting(self.profile), per_byte)
         raw = _model(self.profile, self.network, setting, per_byte)
         exposed = max(0.0, raw.exposed_ms + (self.profile.exposed_ms - here.exposed_ms))
-        step = raw.step_ms - raw.exposed_ms + exposed
-        comm = raw.comm_ms
-        if self.network.from_this_run and here.comm_ms > 0:
-            comm *= self.profile.comm_ms / here.comm_ms  # the run's own queue, as measured
+        # Contention the bytes moved behind backward do not explain (measured with nothing
+        # hidden: the synchronizing micro-batch's own overhead) is a constant of the step, too.
+        contention = max(0.0, raw.contention_ms + (self.profile.contention_ms - here.contention_ms))
+        step = raw.step_ms - raw.exposed_ms + exposed - raw.contention_ms + contention
+        # Communication is calibrated like exposed (what the run measured beyond the replay is
+        # added): the run's own row reads as measured. It is hidden + exposed, both from the
+        # hand-over, so never less than exposed: a measured hidden part smaller than the
+        # replay's can only shrink the hidden part to nothing.
+        comm = max(exposed, raw.comm_ms + (self.profile.comm_ms - here.comm_ms))
         return Prediction(
-            step_ms=step, comm_ms=comm, exposed_ms=exposed, contention_ms=raw.contention_ms,
+            step_ms=step, comm_ms=comm, exposed_ms=exposed, contention_ms=contention,
             buckets=raw.buckets, samples_per_step=setting.accumulate * setting.world_size,
         )
 

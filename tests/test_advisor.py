@@ -592,6 +592,10 @@ def test_the_accuracy_benchmark_ends_with_a_verdict_per_model_and_target():
         "target char-lm median |error| <= 5%: 3.0%, met",
         "target char-lm worst |error| <= 15%: 9.0%, met",
     ]
+    # A wire row's verdict, predicted and measured (issue 29: right in every case measured).
+    assert advisor_accuracy.wire_verdicts("wire", 0.9, 1.1) == "   pays, measured does not pay: WRONG"
+    assert advisor_accuracy.wire_verdicts("wire", 1.2, 1.01) == "   does not pay, measured does not pay: right"
+    assert advisor_accuracy.wire_verdicts("accumulate", 0.5, 0.5) == ""
     # On the lab, issue 31's tighter worst case.
     assert advisor_accuracy.verdict_lines({"mlp": [0.047, 0.12]}, lab=True)[1] == "target mlp worst |error| <= 10%: 12.0%, missed"
 

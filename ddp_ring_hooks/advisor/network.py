@@ -137,10 +137,12 @@ def from_probe(
     sizes = sorted({s.nbytes for s in samples})
     wires = sorted({s.wire for s in samples})
     links = fitted.links
-    spread = (fitted.slowest.beta / fitted.fastest.beta - 1) if fitted.fastest.beta else 0.0
+    scatter = max(((max(s.seconds) - min(s.seconds)) / statistics.median(s.seconds) for s in samples if s.seconds),
+                  default=0.0)
     source = (f"probed when the hook was registered: {algorithm} at {_size(sizes[0])}-{_size(sizes[-1])} on "
               f"{' and '.join(wires)}; alpha {links.alpha * 1e6:.0f} us, {_rate(links.beta)}, cast "
-              f"{links.gamma * 1e9:.2f} ns/B; the blocks' spread moves beta by {spread:.0%}")
+              f"{links.gamma * 1e9:.2f} ns/B; its blocks scattered by up to {scatter:.0%} of their median "
+              f"(each row's speedup_range)")
 
     def network(found: Links, note: str) -> Network:
         return Network({ANY: found}, note, here=True)

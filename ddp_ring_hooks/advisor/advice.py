@@ -152,8 +152,11 @@ def _wider_than_gain(speedup_range: Sequence[float], speedup: float) -> bool:
 
 
 def _casts_unmeasured(model: StepModel, setting: Setting) -> bool:
-    """Whether ``setting`` narrows the wire but the network knows no cast cost (γ = 0: no probe of two wires)."""
-    return is_narrow(setting_options(model.profile, setting)) and model.network.calibration(setting.algorithm).gamma == 0
+    """Whether ``setting`` narrows the wire but the network knows no cast cost: γ = 0 and no probe
+    timed a second wire (a probe that did may find γ = 0: casts hidden in the transfers)."""
+    network = model.network
+    return (is_narrow(setting_options(model.profile, setting)) and network.bounds is None
+            and network.calibration(setting.algorithm).gamma == 0)
 
 
 def _plain_number(value: float) -> int | float:

@@ -110,7 +110,8 @@ class Plan:
         else:
             algorithm = self.AUTO_PROBED_AS
             options = resolve_options(algorithm, options_for(algorithm, self.options))
-        self.probed = algorithm, probe_network(group, algorithm=algorithm, options=options, device=self.device)
+        samples = probe_network(group, algorithm=algorithm, options=options, device=self.device)
+        self.probed = (algorithm, samples) if samples else None  # () : the ranks disagree (the layout check says how)
         return self.probed
 
     def schedules(self, world_size: int) -> list[Schedule]:

@@ -29,6 +29,7 @@ advisor reads CPU runs only).
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 
 import torch
@@ -37,7 +38,7 @@ import torch.distributed as dist
 from ..cost_model import ProbeSample
 from ..schedules import is_narrow, wire_of, with_wire
 from ..schedules.wire import AS_IS
-from .collectives import device_of
+from .collectives import all_gather_ints, device_of
 from .selection import time_all_reduce_blocks
 
 #: Bytes per rank of the probe's all-reduces: latency-bound and bandwidth-bound (two sizes fit
@@ -57,8 +58,15 @@ def probe_network(
 ) -> tuple[ProbeSample, ...]:
     """Time ``algorithm`` (with its resolved ``options``) at :data:`PROBE_SIZES` on its own
     wire and at :data:`WIRE_SIZES` on the other (see the module docstring). Collective: every
-    rank of ``group`` calls it with the same arguments and gets the same samples."""
+    rank of ``group`` calls it and gets the same samples; ``()`` on every rank when the ranks'
+    arguments differ (checked first, with one all-gather of a fingerprint)."""
     device = device_of(group, device)
+    # Ranks given different options (a wire dtype on one rank only) would send messages of
+    # different sizes, which gloo cannot survive: they are not probed, and the layout check at
+    # the first step names the difference (as it would without a probe).
+    fingerprint = zlib.crc32(repr((algorithm, sorted((k, repr(v)) for k, v in options.items()))).encode())
+    if len({row[0] for row in all_gather_ints([fingerprint], group, device=device)}) > 1:
+        return ()
     other = AS_IS if is_narrow(options) else OTHER_WIRE
     samples = []
     for wire, sizes in ((wire_of(options), PROBE_SIZES), (other, WIRE_SIZES)):

@@ -377,3 +377,19 @@ def test_a_host_that_cannot_be_reached_fails_with_an_error_naming_it(lab_machine
         with pytest.raises(HostUnreachable, match="the uplink of node 1 was disconnected") as caught:
             lab.check_reachable()
         assert caught.value.hosts == [2, 3]
+
+
+@pytest.mark.timeout(240)
+def test_the_advisors_probe_finds_the_shaped_rate(lab_machine, tmp_path):
+    """The probe run at register, on 2 hosts of 400 Mbit/s: its fitted beta is 1 / B within 10%
+    (issue 31), and registering with it costs what docs/advisor.md says (well under a second)."""
+    out = tmp_path / "probe.json"
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "probe_cost.py"), "--lab", "--link", "400Mbit", "--world-sizes", "2",
+         "--repeats", "2", "--json", str(out)],
+        check=True, timeout=220, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+    )
+    (row,) = json.loads(out.read_text())
+    assert 0.9 <= row["beta_x_link"] <= 1.1, row
+    assert row["source"].startswith("probed when the hook was registered: ring at 16 KiB-2 MiB"), row
+    assert row["probe_ms"] < 1000, row

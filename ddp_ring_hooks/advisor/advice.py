@@ -5,9 +5,16 @@
     {"run": {"world_size", "algorithm", "accumulate", "bucket_cap_mb", "steps", "step_ms",
              "compute_ms", "comm_ms", "exposed_ms"},
      "rank_order": {"crossings", "fewest", "busiest", "speedup", "calibrated", "line"} or None,   # what the order costs
-     "what_if": [{"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup", "this_run"}, ...],
+     "what_if": [{"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup", "this_run",
+                  "speedup_range", "uncertain", ("verdict": wire_dtype rows)}, ...],
      "recommendation": {"knob", "value", "speedup", "why"},
      "model": {...}}       # how the numbers were made: network, contention, notes
+
+Fields added since the shape was first published (issue 31): ``speedup_range``, the row's
+speedup on the fastest and slowest network its source allows (``None`` when the source gives
+no error bar); ``uncertain``, the error bar is wider than the gain (or a narrower wire's casts
+were never measured), so the row is no advice; on the ``wire_dtype`` rows ``verdict``, "pays"
+or "does not pay" (``None`` for the run's own wire).
 
 ``step_ms`` is one optimizer step (all its micro-batches); ``speedup`` is samples per second
 relative to the run; knobs change one at a time from the run's setting; ``this_run`` marks
@@ -22,25 +29,36 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..schedules import algorithm_names, formula_for, get_algorithm
-from .network import Network, from_run
+from ..schedules import WIRE_BYTES, WIRE_DTYPE, algorithm_names, formula_for, get_algorithm, is_narrow
+from ..schedules.wire import AS_IS
+from .network import Network, from_probe, from_run
 from .profile import TimelineRecord, profile_run
 from .ring_order import RingOrderNote, ring_order_note
 from .step_model import Setting, StepModel, run_setting, setting_options
 
 BUCKET_CAPS_MB = (1, 5, 10, 25, 50, 100)
 ACCUMULATE = (1, 2, 4, 8, 16)
+#: The wire dtype's knob in the tables: the registry's option name.
+WIRE = WIRE_DTYPE.name
+#: The run's own step must be reproduced within this share, or the advice withholds its recommendation.
+REPRODUCED = 0.02
 #: Predicted gains below this are within the model's error: no recommendation.
 MIN_GAIN = 1.03
 
 
 def step_model(records: Sequence[TimelineRecord], *, network: Network | None = None) -> StepModel:
-    """The calibrated step model of the run in timeline ``records``."""
+    """The calibrated step model of the run in timeline ``records``: priced with ``network``
+    when given, else with the probe the run recorded when its hook was registered, else with
+    its own buckets' fit."""
     profile = profile_run(records)
+    options = setting_options(profile, run_setting(profile))
     run_network = from_run(
         algorithm=profile.algorithm, world_size=profile.world_size,
-        samples=[(b.nbytes, b.comm_ms) for b in profile.buckets], options=setting_options(profile, run_setting(profile)),
+        samples=[(b.nbytes, b.service_ms or b.comm_ms) for b in profile.buckets], options=options,
     )
+    if network is None and profile.probe:
+        network = from_probe(profile.probe, algorithm=profile.probe_algorithm, world_size=profile.world_size,
+                             options=setting_options(profile, run_setting(profile)) if profile.probe_algorithm == profile.algorithm else {})
     return StepModel(profile, run_network, network or run_network)
 
 
@@ -63,6 +81,26 @@ def priced_as_note(algorithm: str, network: Network) -> str:
     return f"{algorithm}: {record.summary}, costed with the {formula_for(algorithm)} formula on this network (not measured)"
 
 
+#: A given network that prices the run's own buckets this many times faster or slower than
+#: they ran describes another network: the advice says so.
+FOREIGN = 2.0
+
+
+def foreign_network_note(model: StepModel) -> list[str]:
+    """A note when the network given prices this run's own buckets far from what they took:
+    then the rows predict that network, not this one (the run's own row is still what it measured)."""
+    if model.network.here:
+        return []
+    p, setting = model.profile, run_setting(model.profile)
+    options = setting_options(p, setting)
+    measured = sum(b.service_ms or b.comm_ms for b in p.buckets)
+    priced = sum(model.network.cost_ms(p.algorithm, b.nbytes, p.world_size, **options) for b in p.buckets)
+    if measured <= 0 or priced <= 0 or 1 / FOREIGN <= priced / measured <= FOREIGN:
+        return []
+    return [f"the network given ({model.network.source}) prices this run's buckets at {priced:.1f} ms where they "
+            f"took {measured:.1f} ms: it describes another network, and every row predicts that network, not this one"]
+
+
 def world_sizes(p: int) -> list[int]:
     """The world sizes the table shows: the run's, twice it, 8, 64, 512."""
     return sorted({p, 2 * p, 8, 64, 512})
@@ -79,18 +117,46 @@ def what_if(model: StepModel) -> list[dict]:
     # Another algorithm takes its own options' defaults (and the run's LOCAL_WORLD_SIZE), not the run's.
     variants += [("algorithm", a, replace(here, algorithm=a, algorithm_options=())) for a in algorithm_names()]
     variants += [("world_size", p, replace(here, world_size=p)) for p in world_sizes(here.world_size)]
+    variants += [(WIRE, w, replace(here, wire=w)) for w in WIRE_BYTES]
+    bounds = [model.with_network(n) for n in model.network.bounds] if model.network.bounds else []
     rows = []
     for knob, value, setting in variants:
         try:
             prediction = model.predict(setting)
         except ValueError:  # options that do not fit, e.g. a node size that does not divide p
             continue
-        rows.append({
+        speedup = model.speedup(setting)
+        row = {
             "knob": knob, "value": value, "step_ms": prediction.step_ms, "comm_ms": prediction.comm_ms,
-            "exposed_ms": prediction.exposed_ms, "speedup": model.speedup(setting),
+            "exposed_ms": prediction.exposed_ms, "speedup": speedup,
             "this_run": _is_run(model, knob, value),
-        })
+            "speedup_range": None, "uncertain": False,
+        }
+        if bounds:  # the same row on the fastest and the slowest network the probe allows
+            ends = sorted(b.speedup(setting) for b in bounds)
+            row["speedup_range"] = [min(ends[0], speedup), max(ends[-1], speedup)]
+            row["uncertain"] = not row["this_run"] and _wider_than_gain(row["speedup_range"], speedup)
+        if knob == WIRE:
+            if not row["this_run"] and _casts_unmeasured(model, setting):
+                row["uncertain"] = True  # a narrower wire's casts are priced free without a probe of them
+            row["verdict"] = None if row["this_run"] else ("pays" if speedup >= MIN_GAIN else "does not pay")
+        rows.append(row)
     return rows
+
+
+def _wider_than_gain(speedup_range: Sequence[float], speedup: float) -> bool:
+    """Whether the error bar (half the range the measurements allow) is wider than the gain
+    (or loss) itself: the row could go either way."""
+    low, high = speedup_range
+    return (high - low) / 2 > abs(speedup - 1)
+
+
+def _casts_unmeasured(model: StepModel, setting: Setting) -> bool:
+    """Whether ``setting`` narrows the wire but the network knows no cast cost: γ = 0 and no probe
+    timed a second wire (a probe that did may find γ = 0: casts hidden in the transfers)."""
+    network = model.network
+    return (is_narrow(setting_options(model.profile, setting)) and network.bounds is None
+            and network.calibration(setting.algorithm).gamma == 0)
 
 
 def _plain_number(value: float) -> int | float:
@@ -116,7 +182,8 @@ def recommend(model: StepModel, rows: Sequence[dict]) -> dict:
     p = model.profile
     exposed_share = p.exposed_ms / p.step_ms
     contention_share = p.contention_ms / p.step_ms
-    candidates = [r for r in rows if r["knob"] != "world_size" and not r["this_run"]]
+    # A row whose error bar is wider than its gain is no advice (it says so in the table).
+    candidates = [r for r in rows if r["knob"] != "world_size" and not r["this_run"] and not r.get("uncertain")]
     free = max((r for r in candidates if r["knob"] != "accumulate"), key=lambda r: r["speedup"], default=None)
     more = [r for r in candidates if r["knob"] == "accumulate" and r["value"] > p.accumulate]
     top = max(more, key=lambda r: r["speedup"], default=None)
@@ -142,6 +209,10 @@ def recommend(model: StepModel, rows: Sequence[dict]) -> dict:
         why = (f"exposed communication is {exposed_share:.0%} of the step ({p.exposed_ms:.1f} ms); "
                f"{value} MB buckets are predicted to leave {best['exposed_ms']:.1f} ms exposed "
                f"({len(p.buckets)} buckets now)")
+    elif knob == WIRE:
+        why = (f"exposed communication is {exposed_share:.0%} of the step; {value} on the wire halves the bytes for "
+               f"two casts per byte, predicted to leave {best['exposed_ms']:.1f} ms exposed (the gradients are "
+               f"rounded to {value} on the way: error_feedback=True puts what rounding lost back)")
     else:
         here = next((r for r in rows if r["knob"] == "algorithm" and r["value"] == p.algorithm), None)
         now = f"{here['comm_ms']:.1f} ms with {p.algorithm}" if here else f"{p.comm_ms:.1f} ms now"
@@ -154,7 +225,8 @@ def _is_run(model: StepModel, knob: str, value) -> bool:
     default one: it also caps the first bucket)."""
     p = model.profile
     own = {"accumulate": p.accumulate, "algorithm": p.algorithm, "world_size": p.world_size,
-           "bucket_cap_mb": None if p.default_bucket_cap else _plain_number(p.bucket_cap_mb)}
+           "bucket_cap_mb": None if p.default_bucket_cap else _plain_number(p.bucket_cap_mb),
+           WIRE: p.wire or AS_IS}
     return own[knob] == value
 
 
@@ -164,6 +236,14 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
     model = step_model(records, network=network)
     p = model.profile
     rows = what_if(model)
+    # The run's own setting, predicted: exact when the calibration holds (it can fail where the
+    # model clamps, e.g. an exposed time it cannot make negative). Off by more than 2%, no advice.
+    reproduced = model.predict(run_setting(p)).step_ms / p.step_ms - 1
+    recommendation = recommend(model, rows)
+    if abs(reproduced) > REPRODUCED:
+        recommendation = {"knob": None, "value": None, "speedup": 1.0, "why": (
+            f"the model reproduces this run's own step only within {reproduced:+.1%} (more than "
+            f"{REPRODUCED:.0%}): every row carries that error, so no change is recommended")}
     notes = [
         f"step = k x clean micro-batch ({p.clean_micro_ms:.1f} ms) + rest of the step ({p.step_rest_ms:.1f} ms) "
         f"+ contention + exposed + optimizer ({p.optimizer_ms:.1f} ms), calibrated to reproduce this run's step",
@@ -171,6 +251,7 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
         "accumulate k: the effective batch grows k-fold (k x micro-batch x world size samples per step)",
         "world_size: the same micro-batch per rank on more ranks (weak scaling); speedup counts all ranks' samples",
         *(priced_as_note(a, model.network) for a in algorithm_names() if get_algorithm(a).cost is None),
+        *foreign_network_note(model),
     ]
     ring = ring_order_of_run(model)
     return {
@@ -181,10 +262,11 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
             "compute_ms": p.step_ms - p.exposed_ms, "comm_ms": p.comm_ms, "exposed_ms": p.exposed_ms,
         },
         "what_if": rows,
-        "recommendation": recommend(model, rows),
+        "recommendation": recommendation,
         "model": {
             "network": model.network.as_dict(),
             "run_network": model.run_network.as_dict(),
+            "reproduced_error": reproduced,
             "contention_ms": p.contention_ms,
             "contention_source": p.contention_source,
             "clean_micro_ms": p.clean_micro_ms,
@@ -209,7 +291,8 @@ def format_advice(advice: dict) -> str:
         "",
     ]
     titles = {"bucket_cap_mb": "bucket_cap_mb", "accumulate": "accumulate (effective batch grows with k)",
-              "algorithm": "algorithm", "world_size": "world size (same micro-batch per rank)"}
+              "algorithm": "algorithm", "world_size": "world size (same micro-batch per rank)",
+              WIRE: f"{WIRE} (what the buckets travel in)"}
     for knob, title in titles.items():
         rows = [r for r in advice["what_if"] if r["knob"] == knob]
         if not rows:
@@ -218,8 +301,15 @@ def format_advice(advice: dict) -> str:
         for r in rows:
             value = f"{r['value']:g}" if isinstance(r["value"], float) else str(r["value"])
             label = f"{value} (this run)" if r.get("this_run") else value
+            spread = r.get("speedup_range")
+            extra = f"  {spread[0]:.2f}-{spread[1]:.2f}x" if spread else ""
+            if r.get("verdict"):
+                extra += f"  {r['verdict']}"
+            if r.get("uncertain"):
+                extra += "  (uncertain: " + ("its error bar is wider than its gain)" if spread else
+                                             "the casts were not measured: no probe of a second wire)")
             lines.append(f"  {label:<42} {r['step_ms']:>9.1f} {r['comm_ms']:>9.1f} "
-                         f"{r['exposed_ms']:>9.1f} {r['speedup']:>7.2f}x")
+                         f"{r['exposed_ms']:>9.1f} {r['speedup']:>7.2f}x{extra}")
         same_size = [r for r in rows if knob == "bucket_cap_mb" and model["default_bucket_cap"]
                      and r["value"] == run["bucket_cap_mb"]]
         if same_size:

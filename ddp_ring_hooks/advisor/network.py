@@ -4,6 +4,10 @@ Several sources, one shape (:class:`Network`: the network's one value, a
 :class:`~ddp_ring_hooks.cost_model.Links`, per algorithm, ``"*"`` for the rest; every algorithm is
 priced with its registry record's formula, ``formula_for``: ``native`` with the ring's):
 
+- :func:`from_probe`: α, β and γ fitted to the short probe every rank ran when the hook was
+  registered (:mod:`~ddp_ring_hooks.runtime.network_probe`: the run's algorithm at a few sizes,
+  on its wire and on the other), with the error bar of the probe's fastest and slowest blocks
+  (``Network.bounds``). What the advisor uses when the run has one.
 - :func:`from_run`: α and β fitted to this run's own buckets (``(nbytes, time)`` of each
   bucket, median over steps) with the run algorithm's formula. These are *in-training*
   times: two lanes sharing the link and backward sharing the cores are in them. Every other
@@ -26,8 +30,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..cost_model import Links, TwoTier, bytes_sent_per_rank, coefficients, fit
-from ..schedules import algorithm_names, build_schedule, formula_for, get_algorithm
+from ..cost_model import Links, ProbeSample, TwoTier, bytes_sent_per_rank, coefficients, cost_terms, fit, fit_probe
+from ..schedules import CostTerms, algorithm_names, build_schedule, formula_for, get_algorithm
+from .replay import BucketCost
 
 ANY = "*"
 #: How a run of ``auto`` (a mix of the registry's algorithms, not one of them) is priced.
@@ -65,31 +70,97 @@ def _schedule_bytes_factor(algorithm: str, world_size: int, options: tuple = ())
 
 @dataclass(frozen=True)
 class Network:
-    """α-β costs per algorithm, and where they came from (said in the advice)."""
+    """α-β costs per algorithm, and where they came from (said in the advice).
+
+    ``bounds``: the same network at the two ends of its error bar (the fastest, then the
+    slowest, network the measurements allow), where the source gives one (a probe).
+    """
 
     calibrations: Mapping[str, Links]
     source: str
     from_this_run: bool = False
     two_tier: TwoTier | None = None  # prices every algorithm when given
+    #: measured on the run's own network (its buckets, its probe): the step model calibrates
+    #: the run's own setting with it (another cluster's network is calibrated with the run's fit)
+    here: bool = False
+    bounds: tuple[Network, Network] | None = None
 
     def calibration(self, algorithm: str) -> Links:
         return self.calibrations.get(algorithm) or self.calibrations[ANY]
 
-    def cost_ms(self, algorithm: str, nbytes: float, world_size: int, **options) -> float:
-        """Predicted ms to all-reduce one bucket of ``nbytes`` over ``world_size`` ranks (a
+    def terms(self, algorithm: str, nbytes: float, world_size: int, **options) -> tuple[CostTerms, Links]:
+        """The cost terms of one all-reduce of ``nbytes`` and the links that price them (a
         ``ValueError`` when a two-tier network has no shape for ``world_size`` ranks)."""
+        formula = _formula(algorithm)
         if self.two_tier is not None:
-            return 1e3 * self.two_tier.predict(_formula(algorithm), nbytes, world_size, **options)
-        return 1e3 * self.calibration(algorithm).predict(_formula(algorithm), nbytes, world_size, **options)
+            return self.two_tier.terms(formula, nbytes, world_size, **options), self.two_tier.links
+        return cost_terms(formula, world_size, nbytes=nbytes, **options), self.calibration(algorithm)
+
+    def cost_ms(self, algorithm: str, nbytes: float, world_size: int, **options) -> float:
+        """Predicted ms to all-reduce one bucket of ``nbytes`` over ``world_size`` ranks, alone."""
+        return bucket_cost(self, algorithm, nbytes, world_size, **options).total_ms
 
     def as_dict(self) -> dict:
         return {
             "source": self.source,
             "per_algorithm": {
-                name: {"alpha_us": c.alpha * 1e6, "bandwidth_GBps": (1e-9 / c.beta) if c.beta else None}
+                name: {"alpha_us": c.alpha * 1e6, "bandwidth_GBps": (1e-9 / c.beta) if c.beta else None,
+                       "cast_gamma_ns_per_B": c.gamma * 1e9}
                 for name, c in self.calibrations.items()
             },
         }
+
+
+def bucket_cost(network: Network, algorithm: str, nbytes: float, world_size: int, **options) -> BucketCost:
+    """What one bucket of ``nbytes`` costs the replay (:mod:`.replay`): the one price of a
+    bucket, for every row of the advice. ``link``: its bytes on the links (``bytes·β``, and inside
+    a node ``local_bytes·β_l``); ``fixed``: the rest, on its lane (every message's ``α``, the
+    additions and casts at ``γ``). A new kind of bucket (sparse, a foreign hook's) is priced by
+    extending this function."""
+    terms, links = network.terms(algorithm, nbytes, world_size, **options)
+    n, inside = float(nbytes), links.inside
+    fixed = terms.messages * links.alpha + terms.local_messages * inside.alpha + n * (terms.reduced + terms.cast) * links.gamma
+    link = n * (terms.bytes * links.beta + terms.local_bytes * inside.beta)
+    return BucketCost(fixed_ms=1e3 * fixed, link_ms=1e3 * link)
+
+
+def from_probe(
+    samples: Iterable[ProbeSample], *, algorithm: str, world_size: int, options: Mapping[str, object] | None = None,
+) -> Network:
+    """α, β, γ fitted to the probe's ``samples`` (``algorithm`` timed with ``options`` on
+    ``world_size`` ranks when the hook was registered), with the error bar of its fastest and
+    slowest blocks. Every algorithm is priced with these links through its own formula."""
+    samples = list(samples)
+    formula = _formula(algorithm)
+    shaping = {k: v for k, v in (options or {}).items()}
+    fitted = fit_probe(samples, algorithm=formula, world_size=world_size, **shaping)
+    sizes = sorted({s.nbytes for s in samples})
+    wires = sorted({s.wire for s in samples})
+    links = fitted.links
+    scatter = max(((max(s.seconds) - min(s.seconds)) / statistics.median(s.seconds) for s in samples if s.seconds),
+                  default=0.0)
+    source = (f"probed when the hook was registered: {algorithm} at {_size(sizes[0])}-{_size(sizes[-1])} on "
+              f"{' and '.join(wires)}; alpha {links.alpha * 1e6:.0f} us, {_rate(links.beta)}, cast "
+              f"{links.gamma * 1e9:.2f} ns/B; its blocks scattered by up to {scatter:.0%} of their median "
+              f"(each row's speedup_range)")
+
+    def network(found: Links, note: str) -> Network:
+        return Network({ANY: found}, note, here=True)
+
+    return Network({ANY: links}, source, here=True, bounds=(network(fitted.fastest, "the probe's fastest blocks"),
+                                                 network(fitted.slowest, "the probe's slowest blocks")))
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 and nbytes % (1 << 20) == 0 else f"{nbytes >> 10} KiB"
+
+
+def _rate(beta: float) -> str:
+    """``β`` as a rate: 48.6 MB/s (1e6 B), or GB/s when faster."""
+    if beta <= 0:
+        return "bandwidth unbounded"
+    rate = 1.0 / beta
+    return f"{rate / 1e9:.2f} GB/s" if rate >= 1e9 else f"{rate / 1e6:.1f} MB/s"
 
 
 def from_run(
@@ -111,7 +182,7 @@ def from_run(
             calibration, note = _bandwidth_only(samples, formula, world_size, options)
     else:
         calibration, note = _bandwidth_only(samples, formula, world_size, options)
-    return Network({ANY: calibration}, note, from_this_run=True)
+    return Network({ANY: calibration}, note, from_this_run=True, here=True)
 
 
 def _bandwidth_only(samples, formula: str, world_size: int, options: Mapping[str, object]) -> tuple[Links, str]:

@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..telemetry.timeline_records import TimelineRecord, TimelineRun, TimelineStep
-from .lanes import busy_ms
+from ..schedules import wire_of
+from .replay import busy_ms
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class BucketProfile:
     ready_ms: float
     comm_ms: float
     cpu_ms: float
+    #: its own time on the link: from its start, or the end of the bucket before it on the link
+    #: when that was later, to its end (:func:`service_ms`; what the replay's costs are fitted to)
+    service_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,16 @@ class RunProfile:
     #: The node of each rank and the ring's order, as the run recorded them (``None``: unknown).
     nodes: tuple[int, ...] | None = None
     ring: tuple[int, ...] | None = None
+    #: The algorithm's resolved options and the network probe, as the run recorded them
+    #: (``None``: a timeline from before they were recorded, or the probe was off).
+    options: tuple[tuple[str, object], ...] | None = None
+    probe: tuple | None = None
+    probe_algorithm: str | None = None
+
+    @property
+    def wire(self) -> str | None:
+        """The wire dtype the run's buckets travelled in (``None``: not recorded)."""
+        return None if self.options is None else wire_of(self.options)
 
     @property
     def clean_micro_ms(self) -> float:
@@ -140,16 +154,20 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
     step_ms, forward, backward = median("step_ms"), median("forward_ms"), median("backward_ms")
     exposed, optimizer = median("exposed_ms"), median("optimizer_ms")
     count = len(steps[0].buckets)
+    per_step = [service_ms([(b.start_ms, b.end_ms) for b in s.buckets]) for s in steps]
     buckets = tuple(
         BucketProfile(
             nbytes=int(statistics.median(s.buckets[i].nbytes for s in steps)),
             ready_ms=statistics.median(s.buckets[i].ready_ms for s in steps),
             comm_ms=statistics.median(s.buckets[i].comm_ms for s in steps),
             cpu_ms=statistics.median(s.buckets[i].cpu_ms for s in steps),
+            service_ms=statistics.median(services[i] for services in per_step),
         )
         for i in range(count)
     )
-    intervals = [[(b.start_ms, b.end_ms) for b in s.buckets] for s in steps]
+    # Communication from each bucket's hand-over (its queue included) to its end, as the replay
+    # counts it: the same start as exposed, so exposed never exceeds it.
+    intervals = [[(b.ready_ms, b.end_ms) for b in s.buckets] for s in steps]
     comm = statistics.median(busy_ms(i) for i in intervals)
     hidden = statistics.median(busy_ms(i, until=s.backward_ms) for i, s in zip(intervals, steps))
     if k > 1:
@@ -173,7 +191,22 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
         exposed_ms=exposed, optimizer_ms=optimizer, rest_ms=rest, comm_ms=comm, hidden_ms=hidden,
         contention_ms=contention, contention_source=source, buckets=buckets,
         nosync_micro_ms=micro if k > 1 else None, nodes=run.nodes, ring=run.ring,
+        options=run.options, probe=run.probe, probe_algorithm=run.probe_algorithm,
     )
+
+
+def service_ms(spans: Sequence[tuple[float, float]]) -> list[float]:
+    """Each bucket's own time on the link, from its ``(start, end)`` in launch order: the link
+    serves buckets first come, first served (:mod:`.replay`), so bucket ``i`` holds it from its
+    start, or from the end of the buckets before it when that is later, to its end. What the
+    replay's bucket costs are fitted to: a bucket's span alone counts the time it waited for
+    the other lane's bytes, which the replay adds again. A bucket that ended before the one
+    ahead of it (their bytes interleaved) counts half its span."""
+    services, link_free = [], float("-inf")
+    for start, end in spans:
+        services.append(end - max(start, link_free) if end > link_free else 0.5 * (end - start))
+        link_free = max(link_free, end)
+    return services
 
 
 def _measured(steps: list[TimelineStep]) -> list[TimelineStep]:

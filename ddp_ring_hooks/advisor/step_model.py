@@ -7,18 +7,20 @@
 1. **Buckets.** The run's own buckets when the setting keeps its bucket limits; otherwise
    DDP's rules (:mod:`.bucketing`) repack the parameters, and each new bucket is ready when
    the gradient-ready curve (:mod:`.ready_curve`) reaches its last byte.
-2. **Costs.** Each bucket's all-reduce from the :class:`~.network.Network` (α-β, per algorithm
-   and world size).
-3. **Lanes.** The buckets queue through the lanes (:mod:`.lanes`): communication, the part
-   hidden behind backward, and the exposed part after it.
+2. **Costs.** Each bucket's all-reduce from the :class:`~.network.Network`
+   (:func:`~.network.bucket_cost`: α on its lane, bytes on the link; per algorithm, world size
+   and wire dtype).
+3. **Replay.** The buckets queue through the lanes and the one shared link (:mod:`.replay`):
+   communication from each hand-over, the part hidden behind backward, and the exposed part after it.
 4. **Contention.** On CPU, hidden communication still costs backward time: the communication
    threads copy and add bytes on the same cores. The run measured it (:mod:`.profile`); it is
    taken to grow with the bytes moved while backward runs (``bytes_factor · bucket bytes``,
    for each bucket the share of its transfer that overlaps backward). Backward stretches by
    it, which moves the hand-over times: a few rounds of lanes settle it.
 5. **Calibrated on the run.** The model of the run's own setting is compared with what the
-   run measured; the difference (the exposed time the α-β queue does not explain: hook
-   start-up, waiting for the slower rank) is added to every prediction, so the run's own
+   run measured; the differences (the exposed time the α-β queue does not explain: hook
+   start-up, waiting for the slower rank; the communication time likewise; the contention
+   the bytes behind backward do not explain) are added to every prediction, so the run's own
    setting is predicted exactly and the others move by what the model says changes.
 
 Samples per step grow as ``k · p``: the effective batch grows with accumulation ``k``
@@ -29,12 +31,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..schedules import algorithm_names, resolve_options
+from ..schedules import algorithm_names, resolve_options, with_wire
 from .bucketing import bucket_limits, rebuilt_bucket_bytes
-from .lanes import run_lanes
-from .network import Network, bytes_factor
+from .network import Network, bucket_cost, bytes_factor
 from .profile import RunProfile
 from .ready_curve import ReadyCurve
+from .replay import replay
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class Setting:
     algorithm: str
     world_size: int
     algorithm_options: tuple[tuple[str, object], ...] = ()
+    #: the wire dtype its buckets travel in (``None``: as the algorithm's options say, fp32 by default)
+    wire: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ def run_setting(profile: RunProfile) -> Setting:
     return Setting(
         bucket_cap_mb=None if profile.default_bucket_cap else profile.bucket_cap_mb,
         accumulate=profile.accumulate, algorithm=profile.algorithm, world_size=profile.world_size,
+        wire=profile.wire,
     )
 
 
@@ -105,26 +110,28 @@ def _hidden_bytes(sizes, starts, ends, backward_ms: float) -> float:
 def setting_options(profile: RunProfile, setting: Setting) -> dict:
     """The options ``setting``'s algorithm runs with: its own, the rest resolved by the registry
     as they were in the run (its ``LOCAL_WORLD_SIZE``), else their defaults."""
-    if setting.algorithm not in algorithm_names():  # "auto": priced as the ring, no options
-        return {}
-    return resolve_options(setting.algorithm, dict(setting.algorithm_options), environment=profile.environment)
+    if setting.algorithm not in algorithm_names():  # "auto": priced as the ring, no options but its wire
+        options = {}
+    else:
+        options = resolve_options(setting.algorithm, dict(setting.algorithm_options), environment=profile.environment)
+    return options if setting.wire is None else with_wire(options, setting.wire)
 
 
 def _model(profile: RunProfile, network: Network, setting: Setting, contention_per_byte: float) -> _Raw:
     sizes, ready = _layout(profile, setting)
     options = setting_options(profile, setting)
-    costs = [network.cost_ms(setting.algorithm, n, setting.world_size, **options) for n in sizes]
+    costs = [bucket_cost(network, setting.algorithm, n, setting.world_size, **options) for n in sizes]
     factor = bytes_factor(setting.algorithm, setting.world_size, **options)
     clean_backward = profile.backward_ms - profile.contention_ms
     contention = profile.contention_ms
     for _ in range(3):  # contention stretches backward, which moves the hand-overs
         backward = clean_backward + contention
         scale = backward / clean_backward if clean_backward > 0 else 1.0
-        lanes = run_lanes([r * scale for r in ready], costs, lanes=profile.lanes, backward_ms=backward)
+        lanes = replay([r * scale for r in ready], costs, lanes=profile.lanes, backward_ms=backward)
         contention = contention_per_byte * factor * _hidden_bytes(sizes, lanes.starts, lanes.ends, backward)
     backward = clean_backward + contention
     scale = backward / clean_backward if clean_backward > 0 else 1.0
-    lanes = run_lanes([r * scale for r in ready], costs, lanes=profile.lanes, backward_ms=backward)
+    lanes = replay([r * scale for r in ready], costs, lanes=profile.lanes, backward_ms=backward)
     step = (setting.accumulate * profile.clean_micro_ms + profile.step_rest_ms + contention + lanes.exposed_ms
             + profile.optimizer_ms)
     return _Raw(step, lanes.comm_ms, lanes.exposed_ms, contention, len(sizes))
@@ -135,8 +142,8 @@ def contention_per_byte(profile: RunProfile, network: Network) -> float:
     setting = run_setting(profile)
     sizes = [b.nbytes for b in profile.buckets]
     options = setting_options(profile, setting)
-    costs = [network.cost_ms(setting.algorithm, n, setting.world_size, **options) for n in sizes]
-    lanes = run_lanes([b.ready_ms for b in profile.buckets], costs, lanes=profile.lanes, backward_ms=profile.backward_ms)
+    costs = [bucket_cost(network, setting.algorithm, n, setting.world_size, **options) for n in sizes]
+    lanes = replay([b.ready_ms for b in profile.buckets], costs, lanes=profile.lanes, backward_ms=profile.backward_ms)
     moved = bytes_factor(setting.algorithm, setting.world_size, **options) * _hidden_bytes(
         sizes, lanes.starts, lanes.ends, profile.backward_ms)
     return profile.contention_ms / moved if moved > 0 else 0.0
@@ -157,15 +164,23 @@ class StepModel:
     def predict(self, setting: Setting) -> Prediction:
         """The predicted step of ``setting`` (see the module docstring)."""
         per_byte = contention_per_byte(self.profile, self.run_network)
-        here = _model(self.profile, self.run_network, run_setting(self.profile), per_byte)
+        # Calibrated on the run with the network that prices the prediction when it was measured
+        # here (the run's buckets, its probe): the run's own setting then comes out exactly.
+        calibrated_with = self.network if self.network.here else self.run_network
+        here = _model(self.profile, calibrated_with, run_setting(self.profile), per_byte)
         raw = _model(self.profile, self.network, setting, per_byte)
         exposed = max(0.0, raw.exposed_ms + (self.profile.exposed_ms - here.exposed_ms))
-        step = raw.step_ms - raw.exposed_ms + exposed
-        comm = raw.comm_ms
-        if self.network.from_this_run and here.comm_ms > 0:
-            comm *= self.profile.comm_ms / here.comm_ms  # the run's own queue, as measured
+        # Contention the bytes moved behind backward do not explain (measured with nothing
+        # hidden: the synchronizing micro-batch's own overhead) is a constant of the step, too.
+        contention = max(0.0, raw.contention_ms + (self.profile.contention_ms - here.contention_ms))
+        step = raw.step_ms - raw.exposed_ms + exposed - raw.contention_ms + contention
+        # Communication is calibrated like exposed (what the run measured beyond the replay is
+        # added): the run's own row reads as measured. It is hidden + exposed, both from the
+        # hand-over, so never less than exposed: a measured hidden part smaller than the
+        # replay's can only shrink the hidden part to nothing.
+        comm = max(exposed, raw.comm_ms + (self.profile.comm_ms - here.comm_ms))
         return Prediction(
-            step_ms=step, comm_ms=comm, exposed_ms=exposed, contention_ms=raw.contention_ms,
+            step_ms=step, comm_ms=comm, exposed_ms=exposed, contention_ms=contention,
             buckets=raw.buckets, samples_per_step=setting.accumulate * setting.world_size,
         )
 

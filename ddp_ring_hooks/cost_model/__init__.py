@@ -14,7 +14,7 @@
 Pure Python: no torch import, so it runs anywhere the schedules do.
 """
 
-from .fit import Calibration, fit, fit_per_algorithm, fit_records
+from .fit import Calibration, ProbeFit, ProbeSample, fit, fit_per_algorithm, fit_probe, fit_records
 from .formulas import Links, coefficients, cost_terms, predict, price
 from .schedule_costs import bytes_sent_per_rank, count_steps, simulate
 from .two_tier import (
@@ -23,7 +23,7 @@ from .two_tier import (
 )
 
 __all__ = [
-    "Calibration", "Links", "RingCrossings", "TwoTier", "UplinkTraffic", "bytes_sent_per_rank", "coefficients", "cost_terms", "count_steps",
-    "fit", "fit_per_algorithm", "fit_records", "hierarchical_uplink_cost", "predict", "price", "ring_crossings",
+    "Calibration", "Links", "ProbeFit", "ProbeSample", "RingCrossings", "TwoTier", "UplinkTraffic", "bytes_sent_per_rank", "coefficients", "cost_terms", "count_steps",
+    "fit", "fit_per_algorithm", "fit_probe", "fit_records", "hierarchical_uplink_cost", "predict", "price", "ring_crossings",
     "ring_uplink_cost", "simulate", "two_tier_terms", "uplink_terms", "uplink_traffic",
 ]

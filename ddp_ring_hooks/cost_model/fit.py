@@ -22,14 +22,20 @@ Two ways in:
   of parameters: one description of the machine for all of them.
 - :func:`fit_per_algorithm` fits each algorithm's records on their own (what ``auto`` does
   with its probe, see :mod:`ddp_ring_hooks.runtime.selection`).
+- :func:`fit_probe` takes the advisor's probe (:class:`ProbeSample` s: sizes timed in blocks,
+  on two wire dtypes) and fits α, β and γ together, with the blocks' spread as its error bar
+  (:class:`ProbeFit`). γ can be told apart there: an fp32 and a bf16 wire move and cast in
+  other proportions (bf16: half the bytes, two casts per byte more).
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
-from ..schedules import ALGORITHMS
-from .formulas import Links, coefficients
+from ..schedules import ALGORITHMS, with_wire
+from .formulas import Links, coefficients, cost_terms
 
 #: What a fit returns: the network's one value (:class:`~.formulas.Links`: α, β and γ), by the
 #: name its callers know it by (``auto``'s probe, a checkpoint, the advisor).
@@ -109,29 +115,106 @@ def _solve(rows: list[tuple[tuple[float, float], float]]) -> Calibration:
         raise ValueError("every measured time must be positive")
     if len({terms for terms, _ in rows}) < 2:
         raise ValueError(f"need measurements at 2 or more different sizes to fit alpha and beta; got {len(rows)} sample(s)")
-    alpha, beta = _weighted_least_squares(rows)
-    # A negative parameter has no meaning (noise, or times that do not grow with size): fix
-    # it at 0 and fit the other alone.
-    if beta < 0:
-        alpha, beta = _one_parameter(rows, 0), 0.0
-    elif alpha < 0:
-        alpha, beta = 0.0, _one_parameter(rows, 1)
+    alpha, beta = _nonnegative_least_squares(rows)
     return Calibration(alpha, beta)
 
 
-def _weighted_least_squares(rows) -> tuple[float, float]:
-    """Minimize ``Σ ((α·A + β·B - t) / t)²``: the 2x2 normal equations, solved directly."""
-    saa = sab = sbb = sa = sb = 0.0
-    for (a, b), t in rows:
-        a, b = a / t, b / t
-        saa, sab, sbb, sa, sb = saa + a * a, sab + a * b, sbb + b * b, sa + a, sb + b
-    determinant = saa * sbb - sab * sab
-    if determinant <= 1e-12 * saa * sbb:
-        raise ValueError("the measurements cannot separate alpha from beta; measure more different sizes")
-    return (sa * sbb - sb * sab) / determinant, (saa * sb - sab * sa) / determinant
+def _nonnegative_least_squares(rows) -> tuple[float, ...]:
+    """Minimize ``Σ ((Σ_j x_j·A_j - t) / t)²`` over ``x >= 0``: the normal equations, solved
+    directly. A parameter that comes out negative has no meaning (noise, or times that do not
+    grow with what it multiplies): the last such one is fixed at 0 and the rest refitted."""
+    count = len(rows[0][0])
+    free = list(range(count))
+    while free:
+        values = _weighted_least_squares([([terms[j] for j in free], t) for terms, t in rows])
+        negative = [j for j, x in zip(free, values) if x < 0]
+        if not negative:
+            solution = [0.0] * count
+            for j, x in zip(free, values):
+                solution[j] = x
+            return tuple(solution)
+        free.remove(negative[-1])
+    return (0.0,) * count
 
 
-def _one_parameter(rows, index: int) -> float:
-    """The weighted least-squares value of one parameter when the other is 0."""
-    scaled = [terms[index] / t for terms, t in rows]
-    return sum(scaled) / sum(x * x for x in scaled)
+def _weighted_least_squares(rows) -> list[float]:
+    """The unconstrained minimum of ``Σ ((Σ_j x_j·A_j - t) / t)²`` (Gaussian elimination on the
+    normal equations, at most a few parameters)."""
+    count = len(rows[0][0])
+    normal = [[0.0] * (count + 1) for _ in range(count)]
+    for terms, t in rows:
+        scaled = [a / t for a in terms]
+        for i in range(count):
+            for j in range(count):
+                normal[i][j] += scaled[i] * scaled[j]
+            normal[i][count] += scaled[i]
+    scale = [normal[i][i] for i in range(count)]
+    for column in range(count):
+        pivot = max(range(column, count), key=lambda r: abs(normal[r][column]))
+        normal[column], normal[pivot] = normal[pivot], normal[column]
+        if abs(normal[column][column]) <= 1e-9 * max(scale[column], 1e-300):
+            raise ValueError("the measurements cannot separate alpha from beta; measure more different sizes")
+        for r in range(count):
+            if r != column:
+                factor = normal[r][column] / normal[column][column]
+                normal[r] = [a - factor * b for a, b in zip(normal[r], normal[column])]
+    return [normal[i][count] / normal[i][i] for i in range(count)]
+
+
+@dataclass(frozen=True)
+class ProbeSample:
+    """One size of a probe: seconds per all-reduce of ``nbytes`` on ``wire`` (``"fp32"``,
+    ``"bf16"``, ...) in each timed block (every block counts for its slowest rank)."""
+
+    nbytes: int
+    wire: str
+    seconds: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ProbeFit:
+    """α, β, γ fitted to a probe: to the median block of every size (``links``), and, for the
+    error bar, to every size's fastest and slowest block."""
+
+    links: Links
+    fastest: Links
+    slowest: Links
+    #: the largest relative residual of the median fit over the sizes (how well the formula fits)
+    misfit: float
+
+
+def fit_probe(samples: Sequence[ProbeSample], *, algorithm: str, world_size: int, **options) -> ProbeFit:
+    """Fit ``algorithm``'s formula (``options`` its own; each sample's wire dtype put in) to
+    ``samples``: ``t = messages·α + n·(bytes·β + (reduced + cast)·γ)``. With one wire dtype γ
+    cannot be told from β (it is fitted as 0, and β holds the additions, as in :func:`fit`).
+
+        >>> fitted = fit_probe([ProbeSample(0, "fp32", (2e-5,)), ProbeSample(1 << 20, "fp32", (1e-3,))],
+        ...                    algorithm="ring", world_size=2)
+        >>> round(fitted.links.alpha * 1e6, 6)           # 2 messages of 10 us
+        10.0
+    """
+    samples = [s for s in samples if s.seconds]
+    if any(t <= 0 for s in samples for t in s.seconds):
+        raise ValueError("every probed time must be positive")
+    terms = [_probe_terms(algorithm, s, world_size, options) for s in samples]
+    wires = {s.wire for s in samples}
+    used = 3 if len(wires) > 1 else 2
+
+    def fitted(pick) -> tuple[Links, list[float]]:
+        rows = [(row[:used], pick(s.seconds)) for row, s in zip(terms, samples)]
+        if len({row for row, _ in rows}) < used:
+            raise ValueError(f"need probed times at {used} or more different sizes and wires to fit; got {len(rows)}")
+        values = (*_nonnegative_least_squares(rows), 0.0)
+        links = Links(values[0], values[1], values[2])
+        residuals = [abs(sum(v * a for v, a in zip(values, row)) / t - 1) for row, t in rows]
+        return links, residuals
+
+    links, residuals = fitted(statistics.median)
+    return ProbeFit(links, fitted(min)[0], fitted(max)[0], max(residuals))
+
+
+def _probe_terms(algorithm: str, sample: ProbeSample, world_size: int, options: Mapping) -> tuple[float, float, float]:
+    """The coefficients of α, β and γ for one probed size (see :func:`fit_probe`)."""
+    t = cost_terms(algorithm, world_size, nbytes=sample.nbytes, **with_wire(options, sample.wire))
+    n = float(sample.nbytes)
+    return (t.messages + t.local_messages, n * (t.bytes + t.local_bytes), n * (t.reduced + t.cast))

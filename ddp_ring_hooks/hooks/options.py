@@ -30,7 +30,7 @@ from .error_feedback import ErrorFeedback, feedback_for
 
 #: ``HookState``'s own options that ``register`` and the Lightning strategy pass on (besides the
 #: algorithm's options and the telemetry fields, ``TELEMETRY_OPTIONS``).
-HOOK_OPTIONS = ("telemetry", "observers", "check_layout_steps", "concurrent_buckets", "error_feedback")
+HOOK_OPTIONS = ("telemetry", "observers", "check_layout_steps", "concurrent_buckets", "error_feedback", "network_probe")
 
 #: What ``HookState`` itself takes besides an algorithm's options (for error messages).
 STATE_OPTIONS = ("process_group", "algorithm", "algorithm_options", *TELEMETRY_OPTIONS, *HOOK_OPTIONS, "device")
@@ -49,10 +49,13 @@ class SortedOptions:
 
 def sort_options(
     algorithm: str, algorithm_options: Mapping[str, object] | None, keywords: Mapping[str, object], *,
-    check_layout_steps: int, concurrent_buckets: int, error_feedback: bool = False,
+    check_layout_steps: int, concurrent_buckets: int, error_feedback: bool = False, network_probe: bool = True,
 ) -> SortedOptions:
     """Check everything ``HookState`` was given that can be checked without a process group."""
     check_counts(check_layout_steps=check_layout_steps, concurrent_buckets=concurrent_buckets)
+    if not isinstance(network_probe, bool):
+        raise ValueError(f"network_probe must be True or False (whether to probe the network for the advisor "
+                         f"when the hook is registered), got {network_probe!r}")
     check_algorithm_name(algorithm)
     telemetry = {name: keywords[name] for name in TELEMETRY_OPTIONS if name in keywords}
     given = _merged(algorithm_options, {name: value for name, value in keywords.items() if name not in telemetry})
@@ -63,14 +66,15 @@ def sort_options(
 def check_register_options(
     *, algorithm: str = "ring", algorithm_options: Mapping[str, object] | None = None, telemetry=None,
     check_layout_steps: int = 2, concurrent_buckets: int = 2, observers=(), device=None, process_group=None,
-    error_feedback: bool = False, **options,
+    error_feedback: bool = False, network_probe: bool = True, **options,
 ) -> None:
     """Everything ``register`` (and so ``HookState``) would be given, checked now, without a
     process group: what a framework's strategy calls when it is built, so a typo fails there
     and not when training starts. The telemetry options are collected as the observation will
     (one given both in ``telemetry=`` and as a keyword is refused)."""
     given = sort_options(algorithm, algorithm_options, options, check_layout_steps=check_layout_steps,
-                         concurrent_buckets=concurrent_buckets, error_feedback=error_feedback)
+                         concurrent_buckets=concurrent_buckets, error_feedback=error_feedback,
+                         network_probe=network_probe)
     collect_telemetry_options(getattr(telemetry, "options", telemetry), given.telemetry)
 
 

@@ -11,6 +11,10 @@ Built when the state is, on every rank of the group at once (collective):
    a transport per two-way pair on gloo, the CUDA side groups on NCCL; nothing for
    ``native``), and hold it until :meth:`Plan.release`.
 
+3. **Probe** the network for the advisor, when :func:`~ddp_ring_hooks.register` attaches the
+   hook (:meth:`Plan.probe_network`, collective; ``network_probe=False`` turns it off): the run's
+   algorithm timed at a few sizes (:mod:`~ddp_ring_hooks.runtime.network_probe`).
+
 Then, per bucket and local: :meth:`Plan.schedule_for` (``auto``: its choice for the size;
 ``native``: ``None``), checked and cached by the registry; :meth:`Plan.wire_for`, the dtype its
 transfers carry (the ``wire_dtype`` option of what runs it); and, with ``error_feedback=True``
@@ -25,12 +29,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..cost_model import ProbeSample
+from ..runtime.collectives import device_of
 from ..runtime.group_context import GroupContext, context_of, needs_for
 from ..runtime.names import AUTO, has_schedule
+from ..runtime.network_probe import probe_network
 from ..runtime.ring_orders import settle_ring_order
 from ..runtime.selection import AutoSelector
 from ..runtime.wire import tensor_bytes, wire_dtype_for
-from ..schedules import Schedule, checked_schedule
+from ..schedules import Schedule, checked_schedule, options_for, resolve_options
 from .error_feedback import ErrorFeedback
 from .validation import validate_algorithm
 
@@ -40,15 +47,21 @@ class Plan:
 
     ``options``: the algorithm's resolved options (``auto``: its own and its candidates');
     ``selector``: ``auto``'s calibrated chooser, ``None`` otherwise; ``feedback``: every bucket's
-    rounding residual (``error_feedback=True``, checked by :func:`~.options.sort_options`), ``None`` otherwise."""
+    rounding residual (``error_feedback=True``, checked by :func:`~.options.sort_options`), ``None`` otherwise;
+    ``network_probe``: whether :meth:`probe_network` measures (``register`` calls it)."""
+
+    #: What ``auto``'s run is probed with: the advisor prices a mix of algorithms as the ring.
+    AUTO_PROBED_AS = "ring"
 
     def __init__(
         self, group: dist.ProcessGroup | None, algorithm: str, options: dict, *, device: torch.device | str | None = None,
-        feedback: ErrorFeedback | None = None,
+        feedback: ErrorFeedback | None = None, network_probe: bool = True,
     ) -> None:
         self.algorithm = algorithm
         self.device = None if device is None else torch.device(device)
         self.feedback = feedback
+        self.network_probe = network_probe
+        self.probed: tuple[str, tuple[ProbeSample, ...]] | None = None  # what probe_network measured
         self.selector: AutoSelector | None = None
         if algorithm == AUTO:  # every rank meets here: the probe (which settles the candidates' ring orders)
             self.selector = AutoSelector.probed(group, device=device, **options)
@@ -84,6 +97,23 @@ class Plan:
             return None
         return self.feedback.prepare(bucket, buffer, parameters, is_last=is_last)
 
+    def probe_network(self, group: dist.ProcessGroup | None) -> tuple[str, tuple[ProbeSample, ...]] | None:
+        """``(algorithm, samples)``: the network probe for the advisor (collective: every rank of
+        the group calls it, as ``register`` does), or ``None``: turned off, one rank, or not on the
+        CPU (the advisor reads CPU runs only). ``auto`` is probed as the ring it is priced as, on
+        its wire."""
+        group = context_of(group).group
+        if not self.network_probe or group.size() < 2 or device_of(group, self.device).type != "cpu":
+            return None
+        if self.selector is None:
+            algorithm, options = self.algorithm, self.options
+        else:
+            algorithm = self.AUTO_PROBED_AS
+            options = resolve_options(algorithm, options_for(algorithm, self.options))
+        samples = probe_network(group, algorithm=algorithm, options=options, device=self.device)
+        self.probed = (algorithm, samples) if samples else None  # () : the ranks disagree (the layout check says how)
+        return self.probed
+
     def schedules(self, world_size: int) -> list[Schedule]:
         """Every schedule this plan can run (each candidate's, for ``auto``), at the smallest
         size: what it needs of the group does not change with the size (its two-way pairs)."""
@@ -113,8 +143,8 @@ class Plan:
 
     def __getstate__(self) -> dict:
         return {"algorithm": self.algorithm, "device": self.device, "selector": self.selector, "options": self.options,
-                "feedback": self.feedback}
+                "feedback": self.feedback, "network_probe": self.network_probe}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"network_probe": True, **state, "probed": None})
         self._context = None

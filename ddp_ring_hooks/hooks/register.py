@@ -28,7 +28,8 @@ def register(
     ``process_group`` defaults to the model's own group. ``options`` go to :class:`HookState`:
     the algorithm's own options (e.g. ``local_size=`` for hierarchical; ``wire_dtype="bf16"``,
     every algorithm's, for half the bytes on the wire), ``error_feedback=True`` (with a narrower
-    wire: what rounding lost goes back in at the next step), ``check_layout_steps``,
+    wire: what rounding lost goes back in at the next step), ``network_probe=False`` (no probe
+    of the network for the advisor when the hook is attached), ``check_layout_steps``,
     ``concurrent_buckets``, ``observers``, and the watching of every bucket, as
     ``telemetry=TelemetryOptions(...)`` or as its fields (nothing is recorded unless asked):
 
@@ -73,9 +74,13 @@ def register(
     validate_algorithm(state.algorithm, state.world_size, state.algorithm_options)
     validate_wire(ddp_model.module, state.algorithm_options)
     ddp_model.register_comm_hook(state, ring_hook)
+    # Every rank meets here: the advisor's network probe (off with network_probe=False).
+    probed = state.plan.probe_network(state.group)
     state.observation.attach(
         ddp_model, algorithm=algorithm, concurrent_buckets=state.concurrent_buckets, group=state.group,
-        run_facts={"nodes": state.nodes, "ring": state.ring},
+        run_facts={"nodes": state.nodes, "ring": state.ring, "options": state.algorithm_options,
+                   "probe_algorithm": None if probed is None else probed[0],
+                   "probe": None if probed is None else probed[1]},
     )
     return state
 

@@ -93,6 +93,11 @@ class HookState(Reports, Checkpointing):
         error_feedback: with a narrower ``wire_dtype`` (bf16, fp16), keep what rounding lost
             of each bucket and add it back at the next step, so the error does not build up over
             training (:mod:`~ddp_ring_hooks.hooks.error_feedback`; default ``False``).
+        network_probe: when :func:`~ddp_ring_hooks.register` attaches the hook, time the
+            algorithm at a few sizes on every rank (a short collective probe, a fraction of a
+            second: ``docs/advisor.md``), so the advisor knows the network's α and β from the run
+            itself (:mod:`~ddp_ring_hooks.runtime.network_probe`; default ``True``; ``False``: the
+            advisor fits the run's own buckets and says so).
         concurrent_buckets: on CPU, how many buckets may be reduced at the same time, each on
             a worker thread of its own (default 2; 1 reduces them strictly one after the other).
             With ``observers``, buckets always run one at a time: an observer sees whole
@@ -143,10 +148,12 @@ class HookState(Reports, Checkpointing):
         concurrent_buckets: int = 2,
         device: torch.device | str | None = None,
         error_feedback: bool = False,
+        network_probe: bool = True,
         **options,
     ) -> None:
         given = sort_options(algorithm, algorithm_options, options, check_layout_steps=check_layout_steps,
-                             concurrent_buckets=concurrent_buckets, error_feedback=error_feedback)
+                             concurrent_buckets=concurrent_buckets, error_feedback=error_feedback,
+                             network_probe=network_probe)
         self.process_group = process_group
         self.algorithm = algorithm
         self.iteration = 0
@@ -155,7 +162,8 @@ class HookState(Reports, Checkpointing):
         # Local first (every option refused before anything is made), then the collective part.
         self.observation = Observation(telemetry, observers=observers, advice=advice_table, **given.telemetry)
         self.observation.check_group(self.group)
-        self.plan = Plan(process_group, algorithm, given.algorithm, device=device, feedback=given.feedback)
+        self.plan = Plan(process_group, algorithm, given.algorithm, device=device, feedback=given.feedback,
+                         network_probe=network_probe)
         self.algorithm_options = self.plan.options
         self._restarted(process_group=process_group)
         self.warn_misplaced(stacklevel=2)

@@ -116,25 +116,36 @@ def calibrate(
 
 
 def _time_all_reduce(algorithm: str, options: Mapping, nbytes: int, group, device: torch.device, repeats: int) -> float:
-    """Seconds per all-reduce of ``nbytes``, measured the way the benchmark measures it.
+    """Seconds per all-reduce of ``nbytes``, measured the way the benchmark measures it: the
+    median of :func:`time_all_reduce_blocks`."""
+    return statistics.median(time_all_reduce_blocks(algorithm, options, nbytes, group, device, repeats))
 
-    After one warm-up, ``repeats`` blocks of :data:`CALLS_PER_BLOCK` calls, each block started
-    by a barrier; a block counts for its slowest rank (an all-reduce is over when the last
-    rank is done), and the median block is the answer. Timing rank 0 alone would reward
-    algorithms that finish early on rank 0 and make the choice disagree with the benchmark.
+
+def time_all_reduce_blocks(
+    algorithm: str, options: Mapping, nbytes: int, group, device: torch.device, repeats: int,
+    *, calls: int = CALLS_PER_BLOCK,
+) -> list[float]:
+    """Seconds per all-reduce of ``nbytes`` in each of ``repeats`` blocks, through the executors
+    the hook uses, on the wire the options name (the casts are timed too). Collective; every
+    rank returns the same numbers.
+
+    After one warm-up, ``repeats`` blocks of ``calls`` calls, each block started by a barrier;
+    a block counts for its slowest rank (an all-reduce is over when the last rank is done).
+    Timing rank 0 alone would reward algorithms that finish early on rank 0 and make the
+    choice disagree with the benchmark. (Also the advisor's probe:
+    :mod:`~ddp_ring_hooks.runtime.network_probe`.)
     """
     buffer = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
     if has_schedule(algorithm):
         schedule = checked_schedule(algorithm, dist.get_world_size(group), nbytes=nbytes, **options)
         call = lambda: run_schedule(schedule, buffer, group=group)  # noqa: E731
-    else:  # on the wire the options name, as the hook will run it (the casts are timed too)
+    else:
         wire = wire_dtype_for(buffer.dtype, resolve_options(algorithm, options))
         call = lambda: run_native(buffer, group=group, wire=wire).wait()  # noqa: E731
-    blocks = [
-        time_calls(call, device, warmup=1 if block == 0 else 0, iters=CALLS_PER_BLOCK, group=group)
+    return [
+        time_calls(call, device, warmup=1 if block == 0 else 0, iters=calls, group=group)
         for block in range(repeats)
     ]
-    return statistics.median(blocks)
 
 
 def _calibration_check(value: object) -> str | None:

@@ -325,10 +325,12 @@ def read_timeline(path: str | os.PathLike) -> list[TimelineRecord]:
 
 
 def describe_run(
-    ddp_model, *, algorithm: str, concurrent_buckets: int, group=None, nodes=None, ring=None,
+    ddp_model, *, algorithm: str, concurrent_buckets: int, group=None, nodes=None, ring=None, options=None,
+    probe=None, probe_algorithm=None,
 ) -> TimelineRun:
-    """The first timeline record: what does not change from step to step (``nodes``, ``ring``:
-    what the hook state knows, see :class:`~.timeline_records.TimelineRun`)."""
+    """The first timeline record: what does not change from step to step (``nodes``, ``ring``,
+    ``options``, ``probe``: what the hook state knows, see :class:`~.timeline_records.TimelineRun`;
+    ``options`` keeps the values a JSON line can hold, so ``auto``'s ``calibration=`` is left out)."""
     config = getattr(ddp_model, "_bucket_config", None)  # torch >= 2.10
     cap = int(getattr(config, "bucket_bytes_cap", ddp_model.bucket_bytes_cap))
     first = int(getattr(config, "first_bucket_bytes_cap", dist._DEFAULT_FIRST_BUCKET_BYTES))
@@ -349,7 +351,20 @@ def describe_run(
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(group))),
         nodes=None if nodes is None else tuple(nodes),
         ring=None if ring is None else tuple(ring),
+        options=None if options is None else tuple(
+            (name, tuple(value) if isinstance(value, list | tuple) else value)
+            for name, value in sorted(options.items()) if _plain(value)
+        ),
+        probe=None if probe is None else tuple(probe),
+        probe_algorithm=probe_algorithm,
     )
+
+
+def _plain(value) -> bool:
+    """Whether a JSON line holds ``value`` as it is (a number, a string, a list of numbers)."""
+    if isinstance(value, list | tuple):
+        return all(isinstance(item, int | float) for item in value)
+    return value is None or isinstance(value, str | int | float | bool)
 
 
 class _OptimizerClock:

@@ -21,8 +21,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-#: The format written now; a run line without ``version`` is version 1 (the same fields).
-TIMELINE_VERSION = 1
+from ..cost_model import ProbeSample
+
+#: The format written now; a run line without ``version`` is version 1. Version 2 added the
+#: run's algorithm options and the network probe (both optional: a version-1 file reads as one
+#: without them).
+TIMELINE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,10 @@ class TimelineRun:
     ``cpu_count``, ``torch_threads`` and ``local_world_size`` how crowded the host was;
     ``nodes`` the node of each rank of the group (as its ranks said: ``GROUP_RANK``; ``None``
     when unknown) and ``ring`` the order the run's ring visited the ranks (``None``: not a ring),
-    for the advisor's note on what the rank order costs.
+    for the advisor's note on what the rank order costs. ``options`` are the algorithm's
+    resolved options (its wire dtype among them) as ``(name, value)`` pairs, ``probe`` the network
+    probe's timings when the hook was registered (:mod:`~ddp_ring_hooks.runtime.network_probe`)
+    and ``probe_algorithm`` what it ran (``None``: no probe).
     """
 
     world_size: int
@@ -53,6 +60,9 @@ class TimelineRun:
     version: int = TIMELINE_VERSION
     nodes: tuple[int, ...] | None = None
     ring: tuple[int, ...] | None = None
+    options: tuple[tuple[str, object], ...] | None = None
+    probe: tuple[ProbeSample, ...] | None = None
+    probe_algorithm: str | None = None
 
     def to_json(self) -> str:
         return _dumps("run", dataclasses.asdict(self))
@@ -70,6 +80,13 @@ class TimelineRun:
         for name in ("nodes", "ring"):
             if data.get(name) is not None:
                 data[name] = tuple(data[name])
+        if data.get("options") is not None:
+            data["options"] = tuple((name, tuple(value) if isinstance(value, list) else value)
+                                    for name, value in data["options"])
+        if data.get("probe") is not None:
+            data["probe"] = tuple(
+                _build(ProbeSample, {**sample, "seconds": tuple(sample["seconds"])}) for sample in data["probe"]
+            )
         return _build(cls, data)
 
 

@@ -1,0 +1,77 @@
+"""The advisor's probe: the network as the hook sees it, measured once when the hook is registered.
+
+The advisor predicts other settings from one run; a run whose buckets are all large leaves
+the per-message latency α undetermined, and every extra bucket and every step of a larger
+world is priced with it. So, as ``auto`` calibrates, every rank takes part in a short probe
+when :func:`~ddp_ring_hooks.register` attaches the hook (collective, the same on every rank)::
+
+    for each size in PROBE_SIZES, on the run's own algorithm and wire:     (α, β: the timeline
+        one warm-up, then PROBE_REPEATS blocks of PROBE_CALLS all-reduces    records the block
+        (a barrier before each block; a block counts for its slowest rank)    times, the advisor
+    the other wire (bf16 for an fp32 run, fp32 for a narrower one), at the   fits them, and the
+    WIRE_SIZES only: what the casts cost (γ)                                 blocks' spread is
+                                                                             its error bar)
+
+1. The calls go through the executors the hook uses (:func:`~.selection.time_all_reduce_blocks`,
+   ``auto``'s own timing), so the probe's α holds the executor's per-step overheads.
+2. A block's time is the slowest rank's (all-reduced with MAX), so every rank holds the same
+   numbers: nothing to broadcast.
+3. Sizes: a small one (the per-message cost) and 2 MiB, large enough on a shaped link that the
+   shaper's burst (5 ms of the rate on the lab) is a few percent of a block; the other wire at
+   2 MiB only. Three blocks of one call each (after one warm-up call per size): 12 all-reduces.
+
+What it costs is measured in ``docs/advisor.md`` (p = 2 and 4, loopback and the lab): the
+2 MiB blocks decide it. ``network_probe=False`` (a ``register`` / ``HookState`` option) turns it
+off; the advisor then fits the run's own buckets and says so. Not run for ``auto`` (its own
+probe calibrated every candidate: the advisor reads that), on one rank, or off the CPU (the
+advisor reads CPU runs only).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+
+from ..cost_model import ProbeSample
+from ..schedules import is_narrow, wire_of, with_wire
+from ..schedules.wire import AS_IS
+from .collectives import all_gather_ints, device_of
+from .selection import time_all_reduce_blocks
+
+#: Bytes per rank of the probe's all-reduces: latency-bound and bandwidth-bound (two sizes fit
+#: α and β; a middle size cost as much again for a check no row needed).
+PROBE_SIZES = (16 * 1024, 2 * 1024 * 1024)
+#: The sizes the other wire dtype is timed at (γ: what the casts cost, on top of the bytes).
+WIRE_SIZES = (2 * 1024 * 1024,)
+#: Blocks per size (their fastest and slowest are the error bar) and calls per block.
+PROBE_REPEATS, PROBE_CALLS = 3, 1
+#: The wire dtype timed beside an fp32 run's (and fp32 beside a narrower run's).
+OTHER_WIRE = "bf16"
+
+
+def probe_network(
+    group: dist.ProcessGroup | None, *, algorithm: str, options: Mapping[str, object],
+    device: torch.device | str | None = None,
+) -> tuple[ProbeSample, ...]:
+    """Time ``algorithm`` (with its resolved ``options``) at :data:`PROBE_SIZES` on its own
+    wire and at :data:`WIRE_SIZES` on the other (see the module docstring). Collective: every
+    rank of ``group`` calls it and gets the same samples; ``()`` on every rank when the ranks'
+    arguments differ (checked first, with one all-gather of a fingerprint)."""
+    device = device_of(group, device)
+    # Ranks given different options (a wire dtype on one rank only) would send messages of
+    # different sizes, which gloo cannot survive: they are not probed, and the layout check at
+    # the first step names the difference (as it would without a probe).
+    fingerprint = zlib.crc32(repr((algorithm, sorted((k, repr(v)) for k, v in options.items()))).encode())
+    if len({row[0] for row in all_gather_ints([fingerprint], group, device=device)}) > 1:
+        return ()
+    other = AS_IS if is_narrow(options) else OTHER_WIRE
+    samples = []
+    for wire, sizes in ((wire_of(options), PROBE_SIZES), (other, WIRE_SIZES)):
+        wired = with_wire(options, wire)
+        for nbytes in sizes:
+            seconds = time_all_reduce_blocks(algorithm, wired, nbytes, group, device, PROBE_REPEATS, calls=PROBE_CALLS)
+            samples.append(ProbeSample(nbytes, wire, tuple(seconds)))
+    return tuple(samples)

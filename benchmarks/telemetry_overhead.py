@@ -9,11 +9,15 @@ N-th step, <= 1.03). With ``--links`` both arms log and gather with ``--spread-e
 the "on" arm also times every link (``links=True``): the ratio is per-link timing's own cost
 on top of the straggler gather (target: <= 1.01). A block's time includes flushing the
 telemetry written during it, so the writer thread's work is charged to the telemetry arm,
-not hidden in the next block::
+not hidden in the next block. With ``--foreign powersgd`` the arms are PyTorch's PowerSGD
+registered alone on DDP ("off") and the same hook run inside ours with telemetry on (``hook=``,
+"on"): what timing a foreign hook costs (target: <= 1.02), in one bucket (PowerSGD on gloo with
+several can hang, ``docs/hook.md``)::
 
     python benchmarks/telemetry_overhead.py --rounds 60 --steps 4        # spawns 2 local gloo ranks
     python benchmarks/telemetry_overhead.py --rounds 60 --steps 4 --spread-every 1
     python benchmarks/telemetry_overhead.py --rounds 60 --steps 4 --spread-every 1 --links --nproc 4
+    python benchmarks/telemetry_overhead.py --rounds 60 --steps 4 --foreign powersgd
     torchrun --nproc_per_node=2 benchmarks/telemetry_overhead.py --rounds 60 --steps 4
 
 A block starts after a barrier; its time is the slowest rank's.
@@ -55,7 +59,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the telemetry arm also gathers every rank's arrival every N-th step (default: 0, off)")
     parser.add_argument("--links", action="store_true",
                         help="compare per-link timing (links=True) against telemetry with the same --spread-every")
+    parser.add_argument("--foreign", choices=("powersgd",), default=None,
+                        help="compare PyTorch's hook alone (off) with it inside ours, timed (on) (default: our ring)")
     args = parser.parse_args(argv)
+    if args.foreign and args.links:
+        parser.error("--foreign compares a hook of PyTorch's alone and timed: without --links")
     if args.links and args.spread_every < 1:
         parser.error("--links times links on the gathered steps: give --spread-every N too")
     return args
@@ -73,8 +81,10 @@ def measure(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as log_dir:
         arms = {}
         for telemetry in (False, True):
-            model = build_mlp_ddp(layers=args.layers, width=args.width, bucket_cap_mb=args.bucket_cap_mb)
-            state = ddp_ring_hooks.register(model, **arm_options(args, log_dir, on=telemetry))
+            # PowerSGD in one bucket (1 TiB: above any model's size), see the module docstring
+            bucket_cap_mb = 1 << 20 if args.foreign else args.bucket_cap_mb
+            model = build_mlp_ddp(layers=args.layers, width=args.width, bucket_cap_mb=bucket_cap_mb)
+            state = attach(args, model, log_dir, on=telemetry)
             arms[telemetry] = (model, torch.optim.SGD(model.parameters(), lr=1e-3), state)
         inputs = torch.randn(args.batch, args.width)
         for telemetry, (model, optimizer, state) in arms.items():
@@ -94,11 +104,26 @@ def measure(args: argparse.Namespace) -> dict:
             on_cpu.append(cpu[True])
         summary = arms[True][2].summary()
         for _, _, state in arms.values():
-            state.close()
+            if state is not None:
+                state.close()
     return {
         "world_size": dist.get_world_size(), "summary": summary, "ratios": ratios, "cpu_ratios": cpu_ratios,
         "off_ms": off_ms, "on_ms": on_ms, "off_cpu": off_cpu, "on_cpu": on_cpu,
     }
+
+
+def attach(args: argparse.Namespace, model, log_dir: str, *, on: bool):
+    """The arm's hook on ``model``; our hook's state (``None``: PyTorch's hook alone)."""
+    if args.foreign:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+        hook_state = powersgd.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2)
+        if not on:
+            model.register_comm_hook(hook_state, powersgd.powerSGD_hook)
+            return None
+        return ddp_ring_hooks.register(model, hook=powersgd.powerSGD_hook, hook_state=hook_state,
+                                       **arm_options(args, log_dir, on=True))
+    return ddp_ring_hooks.register(model, **arm_options(args, log_dir, on=on))
 
 
 def arm_options(args: argparse.Namespace, log_dir: str, *, on: bool) -> dict:
@@ -112,6 +137,8 @@ def arm_options(args: argparse.Namespace, log_dir: str, *, on: bool) -> dict:
 def block_end(args: argparse.Namespace, state):
     """What a block waits for before its clock stops: its telemetry written; with ``--links``
     also the exchanges after its steps (both arms exchange: each pays for its own)."""
+    if state is None:  # PyTorch's hook alone: nothing of ours to wait for
+        return lambda: None
     if not args.links:
         return state.telemetry.flush
 
@@ -127,6 +154,7 @@ def report(result: dict, args: argparse.Namespace) -> None:
     print(
         f"world size {result['world_size']}, {args.layers}x{args.width} MLP, batch {args.batch}, "
         f"{args.rounds} rounds x {args.steps} steps per block, spread_every={args.spread_every}"
+        + (f" (off: {args.foreign} alone; on: {args.foreign} inside ours, timed)" if args.foreign else "")
         + (" (off: telemetry and the gather; on: also links=True)" if args.links else "")
     )
     print(result["summary"])

@@ -28,7 +28,7 @@ DDP has one hook slot (``register_comm_hook`` once per model), so a job that run
    ``wire_bytes`` (and what bus bandwidth is computed on).
 
 Timing adds one clock mark at the hook's start and a callback on its Future
-(``benchmarks/telemetry_overhead.py --arms powersgd,powersgd+timed``); the stall watchdog waits on
+(``benchmarks/telemetry_overhead.py --foreign powersgd``); the stall watchdog waits on
 that Future as on ``native``'s (no peer known: the hook's own collectives show no progress).
 
 PyTorch's compress hooks on the CPU: DDP refuses ``bf16_compress_hook`` by its name unless CUDA

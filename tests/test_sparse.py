@@ -158,26 +158,20 @@ def test_densified_sparse_buckets_are_sparse_again_and_identical_on_every_rank(s
 
 
 def test_a_sparse_buckets_telemetry_counts_its_indices_and_values(sparse_runs):
-    import json
-
+    from tests.test_foreign import _traced_buckets
     from tests.test_frameworks import scalars
 
     directory, results = sparse_runs
-    trace = json.loads((directory / "gathered" / "comm_trace.json").read_text())
-    buckets = [e["args"] for e in trace["traceEvents"] if e.get("name", "").startswith("bucket ") and e.get("ph") == "X"]
+    buckets = _traced_buckets(directory / "gathered")
     sparse = [b for b in buckets if b["kind"] == "sparse"]
     assert sparse and {b["kind"] for b in buckets} == {"sparse", "dense"}
     for b in sparse:
         # rank 0's coalesced rows: nnz of them, a 16-float row and one int64 index each
         assert b["bytes"] == b["nnz"] * (16 * 4 + 8) and b["wire_bytes"] == 2 * b["bytes"]  # (p - 1) x its bytes
         assert b["bytes"] < b["numel"] * 4  # not numel() * element_size(): the rows it did not touch are not sent
-    assert {b["nnz"] for b in sparse} <= set(results[0]["gathered"]["nnz"]) | {b["nnz"] for b in sparse}
     tags = scalars(directory / "gathered")
-    sparse_index = next(int(e["name"].split()[1]) for e in trace["traceEvents"]
-                        if e.get("ph") == "X" and e.get("args", {}).get("kind") == "sparse")
-    assert f"comm/bucket_{sparse_index}/nnz" in tags and f"comm/bucket_{sparse_index}/sparse-all-reduce_ms" in tags
+    index = sparse[0]["index"]
+    assert f"comm/bucket_{index}/nnz" in tags and f"comm/bucket_{index}/sparse-all-reduce_ms" in tags
     assert "comm/ranks/straggler_rank" in tags  # the gather ran with a sparse bucket in the step
     assert "sparse, gathered: nnz p50" in results[0]["gathered"]["summary"]
-    densified = json.loads((directory / "densified" / "comm_trace.json").read_text())
-    kinds = {e["args"]["kind"] for e in densified["traceEvents"] if e.get("ph") == "X" and "kind" in e.get("args", {})}
-    assert "densified" in kinds
+    assert "densified" in {b["kind"] for b in _traced_buckets(directory / "densified")}

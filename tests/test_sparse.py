@@ -125,6 +125,15 @@ def sparse_buckets(rank: int, world_size: int, directory: str) -> dict:
         m, log_dir=f"{directory}/gathered", trace_steps=(2, 3), spread_every=1, stall_after=30.0))
     results["gathered"] = {"summary": state.summary(), "nnz": [g.coalesce()._nnz() for g in grads]}
     state.close()
+
+    # 4. Ranks that would reduce the sparse bucket different ways (gathered on rank 0, densified on
+    #    the others) are stopped by the layout check, on every rank, before anything waits forever.
+    from ddp_ring_hooks.hooks.layout_check import BucketLayoutMismatchError
+
+    try:
+        trained(lambda m: ddp_ring_hooks.register(m, sparse="gather" if rank == 0 else "dense"), steps=1)
+    except BucketLayoutMismatchError as error:
+        results["mismatch"] = str(error)
     dist.barrier()
     return results
 
@@ -175,3 +184,9 @@ def test_a_sparse_buckets_telemetry_counts_its_indices_and_values(sparse_runs):
     assert "comm/ranks/straggler_rank" in tags  # the gather ran with a sparse bucket in the step
     assert "sparse, gathered: nnz p50" in results[0]["gathered"]["summary"]
     assert "densified" in {b["kind"] for b in _traced_buckets(directory / "densified")}
+
+
+def test_ranks_reducing_a_sparse_bucket_different_ways_are_stopped_by_the_layout_check(sparse_runs):
+    for found in sparse_runs[1]:
+        message = found.get("mismatch", "")
+        assert "kind of bucket" in message and "sparse=" in message, message

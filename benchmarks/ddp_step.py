@@ -49,6 +49,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
 from torch.nn.parallel import DistributedDataParallel
 
 import ddp_ring_hooks
+from ddp_ring_hooks.hooks.foreign import registrable
 from ddp_ring_hooks.launch import run_on_ranks, under_torchrun
 from ddp_ring_hooks import accepted_algorithms
 from mlp_steps import build_mlp_ddp, time_steps
@@ -59,14 +60,10 @@ FEEDBACK_SUFFIX = "+feedback"
 WIRES = ("bf16", "fp16")
 
 
-def cpu_bf16_compress_hook(process_group, bucket):
-    """PyTorch's ``bf16_compress_hook`` itself; DDP refuses it by name without CUDA and NCCL
-    ("BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+"), though gloo runs it."""
-    return bf16_compress_hook(process_group, bucket)
-
-
 #: PyTorch's own 16-bit hooks, registered directly on DDP.
-TORCH_COMPRESS_HOOKS = {"bf16_compress_hook": cpu_bf16_compress_hook, "fp16_compress_hook": fp16_compress_hook}
+#: (DDP refuses bf16_compress_hook by its name without CUDA and NCCL, though gloo runs it: registrable
+#: gives it a name DDP takes on any machine.)
+TORCH_COMPRESS_HOOKS = {"bf16_compress_hook": registrable(bf16_compress_hook), "fp16_compress_hook": fp16_compress_hook}
 
 
 def known_arms() -> tuple[str, ...]:

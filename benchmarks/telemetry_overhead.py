@@ -12,12 +12,16 @@ telemetry written during it, so the writer thread's work is charged to the telem
 not hidden in the next block. With ``--diagnose`` the "off" arm asks for nothing and the
 "on" arm for ``diagnose=True`` (the straggler gather and link timing at ``spread_every="auto"``,
 the watchdog): what leaving diagnosis on costs (target: <= 1.01 on loopback), with
-``--algorithm ring`` or ``native``; each block waits for its exchanges too::
+``--algorithm ring`` or ``native``; each block waits for its exchanges too. With
+``--foreign powersgd`` the arms are PyTorch's PowerSGD registered alone on DDP ("off") and the
+same hook run inside ours with telemetry on (``hook=``, "on"): what timing a foreign hook costs
+(target: <= 1.02), in one bucket (PowerSGD on gloo with several can hang, ``docs/hook.md``)::
 
     python benchmarks/telemetry_overhead.py --rounds 60 --steps 4        # spawns 2 local gloo ranks
     python benchmarks/telemetry_overhead.py --rounds 60 --steps 4 --spread-every 1
     python benchmarks/telemetry_overhead.py --rounds 60 --steps 4 --spread-every 1 --links --nproc 4
     python benchmarks/telemetry_overhead.py --rounds 60 --steps 4 --diagnose --algorithm native --nproc 4
+    python benchmarks/telemetry_overhead.py --rounds 60 --steps 4 --foreign powersgd
     torchrun --nproc_per_node=2 benchmarks/telemetry_overhead.py --rounds 60 --steps 4
 
 A block starts after a barrier; its time is the slowest rank's.
@@ -63,9 +67,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--diagnose", action="store_true",
                         help="compare diagnose=True against nothing asked (no --spread-every, no --links)")
     parser.add_argument("--algorithm", default="ring", help="the hook's algorithm in both arms (default: ring)")
+    parser.add_argument("--foreign", choices=("powersgd",), default=None,
+                        help="compare PyTorch's hook alone (off) with it inside ours, timed (on) (default: our ring)")
     args = parser.parse_args(argv)
     if args.diagnose and (args.links or args.spread_every):
         parser.error("--diagnose chooses its own cadence and times links: leave out --spread-every and --links")
+    if args.foreign and (args.links or args.diagnose):
+        parser.error("--foreign compares a hook of PyTorch's alone and timed: without --links or --diagnose")
     if args.links and args.spread_every < 1:
         parser.error("--links times links on the gathered steps: give --spread-every N too")
     return args
@@ -83,8 +91,10 @@ def measure(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as log_dir:
         arms = {}
         for telemetry in (False, True):
-            model = build_mlp_ddp(layers=args.layers, width=args.width, bucket_cap_mb=args.bucket_cap_mb)
-            state = ddp_ring_hooks.register(model, **arm_options(args, log_dir, on=telemetry))
+            # PowerSGD in one bucket (1 TiB: above any model's size), see the module docstring
+            bucket_cap_mb = 1 << 20 if args.foreign else args.bucket_cap_mb
+            model = build_mlp_ddp(layers=args.layers, width=args.width, bucket_cap_mb=bucket_cap_mb)
+            state = attach(args, model, log_dir, on=telemetry)
             arms[telemetry] = (model, torch.optim.SGD(model.parameters(), lr=1e-3), state)
         inputs = torch.randn(args.batch, args.width)
         for telemetry, (model, optimizer, state) in arms.items():
@@ -104,11 +114,26 @@ def measure(args: argparse.Namespace) -> dict:
             on_cpu.append(cpu[True])
         summary = arms[True][2].summary()
         for _, _, state in arms.values():
-            state.close()
+            if state is not None:
+                state.close()
     return {
         "world_size": dist.get_world_size(), "summary": summary, "ratios": ratios, "cpu_ratios": cpu_ratios,
         "off_ms": off_ms, "on_ms": on_ms, "off_cpu": off_cpu, "on_cpu": on_cpu,
     }
+
+
+def attach(args: argparse.Namespace, model, log_dir: str, *, on: bool):
+    """The arm's hook on ``model``; our hook's state (``None``: PyTorch's hook alone)."""
+    if args.foreign:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+        hook_state = powersgd.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2)
+        if not on:
+            model.register_comm_hook(hook_state, powersgd.powerSGD_hook)
+            return None
+        options = {"log_dir": log_dir, "log_every": 1, "spread_every": args.spread_every}  # no algorithm: the hook's
+        return ddp_ring_hooks.register(model, hook=powersgd.powerSGD_hook, hook_state=hook_state, **options)
+    return ddp_ring_hooks.register(model, **arm_options(args, log_dir, on=on))
 
 
 def arm_options(args: argparse.Namespace, log_dir: str, *, on: bool) -> dict:
@@ -124,6 +149,8 @@ def arm_options(args: argparse.Namespace, log_dir: str, *, on: bool) -> dict:
 def block_end(args: argparse.Namespace, state):
     """What a block waits for before its clock stops: its telemetry written; with ``--links``
     also the exchanges after its steps (both arms exchange: each pays for its own)."""
+    if state is None:  # PyTorch's hook alone: nothing of ours to wait for
+        return lambda: None
     if not (args.links or args.diagnose):
         return state.telemetry.flush
 
@@ -138,8 +165,10 @@ def report(result: dict, args: argparse.Namespace) -> None:
     median = statistics.median
     print(
         f"world size {result['world_size']}, {args.layers}x{args.width} MLP, batch {args.batch}, "
-        f"{args.rounds} rounds x {args.steps} steps per block, algorithm {args.algorithm}, "
+        f"{args.rounds} rounds x {args.steps} steps per block, "
+        + (f"algorithm {args.algorithm}, " if not args.foreign else "")
         + ("off: nothing asked; on: diagnose=True" if args.diagnose else f"spread_every={args.spread_every}")
+        + (f" (off: {args.foreign} alone; on: {args.foreign} inside ours, timed)" if args.foreign else "")
         + (" (off: telemetry and the gather; on: also links=True)" if args.links else "")
     )
     print(result["summary"])

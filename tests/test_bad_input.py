@@ -57,14 +57,8 @@ def _try_bad_inputs(rank: int, world_size: int) -> dict[str, dict]:
     outcomes["integer bucket"] = _outcome(
         lambda: HookState().reduce_bucket(torch.ones(4, dtype=torch.int64), is_last=True).wait()
     )
-    sparse_model = _ddp(torch.nn.Embedding(10, 3, sparse=True))
-    outcomes["sparse gradients at registration"] = _outcome(lambda: register(sparse_model))
-
-    def sparse_bucket_in_hook():
-        sparse_model.register_comm_hook(HookState(), ring_hook)  # bypasses register's check
-        _backward(sparse_model, torch.tensor([1, 2]))
-
-    outcomes["sparse bucket in the hook"] = _outcome(sparse_bucket_in_hook)
+    # sparse buckets are reduced (tests/test_sparse.py); a mode that does not exist is refused
+    outcomes["bad sparse mode"] = _outcome(lambda: HookState(sparse="densify"))
 
     only_rank_0 = dist.new_group([0])  # every rank must call new_group
     outcomes["rank outside the group"] = _outcome(lambda: register(model, process_group=only_rank_0) and "ok")
@@ -192,11 +186,9 @@ def test_integer_bucket_is_refused_but_all_reduce_sums_integers(outcomes):
         assert rank_outcomes["all_reduce of integers still sums"]["value"] == [3] * 5
 
 
-def test_sparse_gradients_are_refused_at_registration_and_in_the_hook(outcomes):
-    message = _error(outcomes, "sparse gradients at registration")
-    assert "sparse gradients" in message and "sparse=False" in message
-    message = _error(outcomes, "sparse bucket in the hook")
-    assert "torch.sparse_coo gradient bucket" in message and "sparse=False" in message
+def test_an_unknown_sparse_mode_is_refused_naming_both(outcomes):
+    message = _error(outcomes, "bad sparse mode")
+    assert "sparse='densify'" in message and "sparse='gather'" in message and "sparse='dense'" in message
 
 
 def test_rank_outside_the_group_is_refused(outcomes):

@@ -96,6 +96,16 @@ def assert_hook_runs_match(runs: dict, *, suffix: str = "") -> None:
     assert ring["max_parameter_difference"] <= PARAMETER_ATOL
 
 
+def assert_foreign_run(reports: list[dict]) -> None:
+    """The ``foreign`` run (``hook=allreduce_hook`` through the framework's door): DDP sees our
+    hook, ours ran the user's, and the parameters are those of the run without a hook, bit for bit."""
+    for report in reports:
+        runs = report["runs"]
+        foreign, none = runs["foreign"], runs["none"]
+        assert foreign["comm_hook"] == "ring_hook" and foreign["hook"] == "allreduce_hook"
+        assert foreign["losses"] == none["losses"] and foreign["max_parameter_difference"] == 0.0
+
+
 def assert_wire_run(reports: list[dict]) -> None:
     """The ``ring_bf16`` run (the ring on bf16 with error feedback, its options given through the
     framework's door): the options reached the hook, every rank ends with the same parameters,
@@ -124,6 +134,10 @@ def assert_comm_tags_on_steps(run_dir: Path, steps: list[int], *, next_to: str |
 @pytest.fixture(scope="module")
 def transformers_run(tmp_path_factory) -> tuple[Path, list[dict]]:
     return launch(tmp_path_factory, "transformers", needs="transformers", timeout=240)
+
+
+def test_trainer_runs_a_foreign_hook_inside_ours(transformers_run):
+    assert_foreign_run(transformers_run[1])
 
 
 def test_trainer_takes_the_wire_options_and_ranks_agree(transformers_run):
@@ -246,6 +260,11 @@ def test_fabric_strategy_runs_the_hook_and_native_matches_no_hook(fabric_run):
         assert runs["ring"]["hook_iteration"] == 4  # 8 micro-batches under no_backward_sync, 2 per step
         # DDP's own options go to DDP, the hook's to the hook.
         assert {run["bucket_cap_bytes"] for run in runs.values()} == {int(0.001 * 1024 * 1024)}
+
+
+def test_fabric_strategy_runs_a_foreign_hook_inside_ours(fabric_run):
+    assert_foreign_run(fabric_run[1])
+    assert_comm_tags_on_steps(fabric_run[0] / "runs" / "fabric_foreign", [1, 2, 3, 4])
 
 
 def test_fabric_strategy_takes_the_wire_options_and_ranks_agree(fabric_run):

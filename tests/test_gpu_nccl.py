@@ -222,3 +222,50 @@ def test_native_and_schedule_buckets_in_one_backward_do_not_deadlock():
     reports = run_ranks(_native_and_ring_in_one_backward, 2, timeout=300, backend="nccl")  # a deadlock times out
     assert reports[0]["chosen"] == ["native", "ring"]
     assert all(torch.equal(a, b) for a, b in zip(reports[0]["params"], reports[1]["params"]))
+
+
+def _sparse_on_nccl(rank: int, world_size: int) -> dict:
+    """A sparse embedding on NCCL: refused at registration and at the first backward (NCCL has no
+    sparse all-reduce); with ``sparse="dense"`` it goes through the ring as a dense tensor."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ddp_ring_hooks
+
+    device = torch.device("cuda", rank)
+
+    def model():
+        torch.manual_seed(0)
+        return DDP(torch.nn.Embedding(100, 8, sparse=True).to(device), device_ids=[device])
+
+    def backward(ddp):
+        ddp(torch.tensor([1, 2, 3 + rank], device=device)).sum().backward()
+
+    report = {}
+    try:
+        ddp_ring_hooks.register(model())
+    except TypeError as error:
+        report["at registration"] = str(error)
+    bypassing = model()
+    bypassing.register_comm_hook(ddp_ring_hooks.HookState(bypassing.process_group, device=device),
+                                 ddp_ring_hooks.ring_hook)
+    try:
+        backward(bypassing)
+    except RuntimeError as error:
+        report["at backward"] = str(error)
+    densified = model()
+    state = ddp_ring_hooks.register(densified, sparse="dense")
+    backward(densified)
+    grad = densified.module.weight.grad
+    report["densified"] = (grad.is_sparse, tuple(grad.shape), grad.to_dense().cpu())
+    state.close()
+    return report
+
+
+def test_a_sparse_bucket_on_nccl_is_refused_unless_densified():
+    reports = run_ranks(_sparse_on_nccl, 2, timeout=300, backend="nccl")
+    for report in reports:
+        assert "no sparse all-reduce" in report["at registration"] and "sparse='dense'" in report["at registration"]
+        assert "no sparse all-reduce" in report["at backward"]
+        is_sparse, shape, values = report["densified"]
+        assert is_sparse and shape == (100, 8)
+        assert torch.equal(values, reports[0]["densified"][2])

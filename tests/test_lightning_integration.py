@@ -91,6 +91,16 @@ def _lightning_cases(rank: int, world_size: int, directory: str) -> dict:
     )
     results["native_hook_reported"] = native.comm_hook
     results["native_matches_plain_bitwise"] = all(a.equal(b) for a, b in zip(native_parameters, plain_parameters))
+    # 1c. a user's own hook through the strategy (hook=, issue 29): PyTorch's allreduce_hook, timed
+    #     inside ours; it divides first and all-reduces, as plain DDP does: the same bits.
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    foreign_trainer, foreign, foreign_parameters = fit(
+        ring_lightning.RingDDPStrategy(hook=allreduce_hook, bucket_cap_mb=BUCKET_CAP_MB), max_steps=4
+    )
+    results["foreign_hook_reported"] = foreign.comm_hook
+    results["foreign_hook_name"] = foreign_trainer.strategy.hook_state.hook.name
+    results["foreign_matches_plain_bitwise"] = all(a.equal(b) for a, b in zip(foreign_parameters, plain_parameters))
 
     # 2. Accumulation: 3 micro-batches per optimizer step; the hook reduces once per step.
     #    Every HookState option passes through the strategy (one lane here; bf16 on the wire with
@@ -211,6 +221,12 @@ def test_native_strategy_trains_bit_identically_to_lightning_ddp(ranks):
     for result in ranks:
         assert result["native_hook_reported"] == "ring_hook"
         assert result["native_matches_plain_bitwise"]
+
+
+def test_a_foreign_hook_through_the_strategy_trains_bit_identically_to_lightning_ddp(ranks):
+    for result in ranks:
+        assert result["foreign_hook_reported"] == "ring_hook" and result["foreign_hook_name"] == "allreduce_hook"
+        assert result["foreign_matches_plain_bitwise"]
 
 
 def test_accumulation_reduces_once_per_optimizer_step(ranks):

@@ -121,6 +121,7 @@ def native_and_pytorch_hooks_under_ddp(rank: int, world_size: int, directory: st
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ddp_ring_hooks
+    from ddp_ring_hooks.hooks.foreign import registrable
     from tests.conftest import Net, sgd_steps
 
     torch.set_num_threads(1)
@@ -131,14 +132,8 @@ def native_and_pytorch_hooks_under_ddp(rank: int, world_size: int, directory: st
         state = hook_setup(model)
         return [digest(p) for p in sgd_steps(model, rank, steps)], state
 
-    def cpu_bf16_compress_hook(process_group, bucket):
-        # DDP refuses bf16_compress_hook by its name without CUDA and NCCL ("BF16 all reduce
-        # communication hook required CUDA 11+ and NCCL 2.10+"), though gloo runs it: the same
-        # function under another name.
-        return bf16_compress_hook(process_group, bucket)
-
     results = {}
-    for wire, theirs in (("bf16", cpu_bf16_compress_hook), ("fp16", fp16_compress_hook)):
+    for wire, theirs in (("bf16", registrable(bf16_compress_hook)), ("fp16", fp16_compress_hook)):
         ours, state = trained(lambda m: ddp_ring_hooks.register(m, algorithm="native", wire_dtype=wire))
         state.close()
         reference, _ = trained(lambda m: m.register_comm_hook(None, theirs))

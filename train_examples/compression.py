@@ -10,9 +10,10 @@ averaging the gradients:
                             partial sums added in fp32, rounded once per hop
 ``bf16+feedback``           the same with ``error_feedback=True``: what rounding lost goes
                             back in at the next step
-``bf16_compress_hook``      PyTorch's own (``default_hooks.py``), registered directly on DDP
+``bf16_compress_hook``      PyTorch's own (``default_hooks.py``), run unchanged inside our hook
+                            (``register(model, hook=bf16_compress_hook)``), timed like ours
 ``powersgd``                PyTorch's PowerSGD (rank ``--powersgd-rank``, plain all-reduce for
-                            the first ``--powersgd-start`` steps), registered directly on DDP,
+                            the first ``--powersgd-start`` steps), inside our hook the same way,
                             in one bucket (see below)
 ``no-hook``                 DDP's own all-reduce (not in the default arms)
 ==========================  ===============================================================
@@ -20,9 +21,9 @@ averaging the gradients:
 Rank 0 prints each arm's step time (the slowest rank's, median over the steps) and its loss
 after the last steps (the mean of the last 10, averaged over the ranks) next to fp32's. Each
 arm writes a TensorBoard run of its own, side by side under ``--log-dir``: ``train/loss`` and
-``train/step_ms`` every step, and for our hook's arms its ``comm/*`` tags (``wire_bytes`` next
-to ``bytes``) every ``--log-every`` steps. PyTorch's hooks cannot share DDP's one hook slot with
-ours, so their arms have no ``comm/*`` tags (yet: timing a foreign hook is a later change).
+``train/step_ms`` every step, and, every ``--log-every`` steps, our hook's ``comm/*`` tags
+(``wire_bytes`` next to ``bytes``): PyTorch's hooks run inside ours (``hook=``), so their arms
+have them too (``comm/bucket_{i}/hook_ms``: the hook, from its call to its Future's end).
 
 Run it on the emulated network, where bytes cost what a link charges for them, or anywhere::
 
@@ -98,31 +99,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def cpu_bf16_compress_hook(process_group, bucket):
-    """PyTorch's ``bf16_compress_hook`` itself. DDP refuses it by its name without CUDA and NCCL
-    ("BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+"), though gloo runs it."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
-
-    return bf16_compress_hook(process_group, bucket)
-
-
 def attach(arm: str, model: DistributedDataParallel, args: argparse.Namespace):
-    """Put the arm's way of averaging on ``model``; our hook's state, or ``None``."""
+    """Put the arm's way of averaging on ``model``; our hook's state. PyTorch's hooks run unchanged
+    inside ours (``hook=``), timed like our arms: their ``comm/*`` tags sit beside ours."""
+    telemetry = {"log_dir": os.path.join(args.log_dir, arm), "log_every": args.log_every}
     if arm in OURS:
-        return ddp_ring_hooks.register(
-            model, algorithm=args.algorithm, log_dir=os.path.join(args.log_dir, arm), log_every=args.log_every,
-            **OURS[arm],
-        )
+        return ddp_ring_hooks.register(model, algorithm=args.algorithm, **telemetry, **OURS[arm])
     if arm == "bf16_compress_hook":
-        model.register_comm_hook(None, cpu_bf16_compress_hook)
-    elif arm == "powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+        return ddp_ring_hooks.register(model, hook=bf16_compress_hook, **telemetry)
+    if arm == "powersgd":
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
         state = powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=args.powersgd_rank,
             start_powerSGD_iter=args.powersgd_start, use_error_feedback=True, warm_start=True,
         )
-        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return ddp_ring_hooks.register(model, hook=powerSGD_hook.powerSGD_hook, hook_state=state, **telemetry)
     return None
 
 

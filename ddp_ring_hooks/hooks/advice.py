@@ -52,7 +52,7 @@ def placement_warning(state) -> str | None:
     """For an algorithm whose schedule groups the ranks into nodes of its own (``local_size``:
     hierarchical), when those are not the ranks' nodes (as the ranks said: ``GROUP_RANK``): what
     the hook state warns of when it is built."""
-    if not has_schedule(state.algorithm) or state.nodes is None:
+    if state.algorithm is None or not has_schedule(state.algorithm) or state.nodes is None:  # None: hook=
         return None
     schedule = checked_schedule(state.algorithm, state.world_size, **state.algorithm_options)
     if not grouped_by_size(schedule):

@@ -1,9 +1,15 @@
 """How a bucket is reduced: its kind, chosen in one place, and the executor of each kind.
 
 :func:`choose` is the one seam where the way a bucket travels is decided; nothing else in the
-hook asks whether a bucket is native, on CUDA or on the CPU::
+hook asks whether a bucket is the user's, sparse, native, on CUDA or on the CPU::
 
-    choose(schedule, buffer, lanes=...) -> Executor
+    choose(schedule, buffer, lanes=..., foreign=..., densify=...) -> Executor
+      hook= (the user's own) ...... ForeignExecutor   their hook, unchanged, on the hook thread in DDP's
+                                                      order, as DDP alone runs it (hooks/foreign.py)
+      a sparse buffer ............. SparseExecutor    the group's sparse all-reduce, as PyTorch's
+                                                      allreduce_hook, on the hook thread (runtime/sparse.py)
+        with sparse="dense" ....... Densified         as a dense tensor through the executor below, then
+                                                      back to sparse
       no schedule (native) ........ NativeExecutor    the group's own all_reduce, on the hook thread,
                                                       like DDP's builtin hook (runtime/native.py)
       a schedule, a CUDA buffer ... CudaLaneExecutor  the group's CUDA lane: the worker of its device,
@@ -11,14 +17,16 @@ hook asks whether a bucket is native, on CUDA or on the CPU::
       a schedule, a CPU buffer .... CpuLanes          worker lane ``bucket % lanes``, its messages tagged
                                                       with the lane, two buckets on the wire at once (gloo)
 
-1. The hook state checks the bucket, picks its schedule and calls :func:`choose`.
-2. It hands the bucket to its observation (the hand-over mark) and gets the watch back.
+1. The hook state checks the bucket, picks its schedule (the plan: none for the user's hook or a
+   gathered sparse bucket) and calls :func:`choose`.
+2. It hands the bucket to its observation (the hand-over mark) with the executor's ``kind`` and
+   the bucket's bytes as that kind counts them (``runtime/wire.py``), and gets the watch back.
 3. ``executor.launch(Launch(...), run)`` starts the reduction and returns the Future DDP waits
    on; a failure is named by the state's :class:`~.errors.Failures` and goes into that Future.
 
-A new kind (a user's own DDP hook run inside ours, a sparse bucket) is one more
-:class:`Executor` and one more case in :func:`choose`; the state, the layout check (which
-compares each rank's ``executor.lanes``) and the watchers do not change.
+A new kind is one more :class:`Executor` (its ``kind``, its ``label`` for telemetry, its
+``launch``) and one more case in :func:`choose`; the state, the layout check (which compares
+each rank's ``executor.lanes``, kind and label) and the watchers do not change.
 
 Every executor runs the bucket on the wire its :class:`Launch` names (``wire``: the dtype its
 transfers carry, from the ``wire_dtype`` option; the executors cast around the transfers,
@@ -35,6 +43,7 @@ reducer does, so it matches DDP without a hook bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -47,8 +56,11 @@ from ..runtime.group_context import GroupContext
 from ..runtime.lanes import bucket_lane
 from ..runtime.names import NATIVE
 from ..runtime.native import run_native
+from ..runtime.sparse import run_sparse
+from ..runtime.wire import DENSE, DENSIFIED, FOREIGN, SPARSE, bucket_bytes
 from ..schedules import Schedule
 from ..telemetry.watcher import BucketWatch
+from . import foreign
 from .error_feedback import ErrorFeedback
 from .errors import Failures
 
@@ -64,6 +76,7 @@ class Launch:
     iteration: int  # reductions done before this one
     wire: torch.dtype | None = None  # what its transfers carry (None: its own dtype)
     residual: torch.Tensor | None = None  # error feedback: last step's losses in, this step's out
+    grad_bucket: dist.GradBucket | None = None  # DDP's own bucket (what a foreign hook is given)
 
     @property
     def algorithm(self) -> str:
@@ -87,17 +100,36 @@ class Run:
 
 class Executor:
     """One kind of bucket. ``lanes``: how many worker lanes its buckets are spread over (every
-    rank must spread them alike; the layout check compares it)."""
+    rank must spread them alike; the layout check compares it); ``kind``: how its bytes are
+    counted (``runtime/wire.py``)."""
 
     lanes = 1
+    kind = DENSE
+
+    def label(self, schedule: Schedule | None) -> str:
+        """What reduced the bucket, as telemetry and errors name it: the algorithm."""
+        return algorithm_of(schedule)
 
     def launch(self, launch: Launch, run: Run) -> torch.futures.Future:
         raise NotImplementedError
 
 
-def choose(schedule: Schedule | None, buffer: torch.Tensor, *, lanes: int) -> Executor:
+def choose(
+    schedule: Schedule | None, buffer: torch.Tensor, *, lanes: int, foreign: foreign.ForeignHook | None = None,
+    densify: bool = False,
+) -> Executor:
     """The executor of a bucket (see the module docstring); ``lanes``: the CPU lanes it may use
-    (``concurrent_buckets``, or 1 when observers must see whole all-reduces in order)."""
+    (``concurrent_buckets``, or 1 when observers must see whole all-reduces in order);
+    ``foreign``: the user's own hook (``hook=``); ``densify``: a sparse bucket goes through the
+    schedule as a dense tensor (``sparse="dense"``)."""
+    if foreign is not None:
+        return ForeignExecutor(foreign)
+    if buffer.is_sparse:
+        return Densified(_dense(schedule, buffer, lanes)) if densify else SPARSE_EXECUTOR
+    return _dense(schedule, buffer, lanes)
+
+
+def _dense(schedule: Schedule | None, buffer: torch.Tensor, lanes: int) -> Executor:
     if schedule is None:
         return NATIVE_EXECUTOR
     if buffer.is_cuda:
@@ -120,23 +152,10 @@ class NativeExecutor(Executor):
             future = run_native(buffer, group=run.group, observer=launch.watch, average=True, wire=launch.wire,
                                 residual=launch.residual)
         except RuntimeError as error:  # refused, or the backend failed to start the collective
-            failure = error
-            if not isinstance(error, CommunicationError):
-                failure = failures.named(NATIVE, buffer, launch.bucket, launch.iteration, error)
-                failure.__cause__ = error
-            failed = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
-            failed.set_exception(failure)
-            return failed.then(_value_or_raise)
+            return _failed(NATIVE, launch, run, error)
         if buffer.is_cuda:
             return future
-
-        def value_or_explain(done: torch.futures.Future) -> torch.Tensor:
-            try:
-                return done.value()
-            except RuntimeError as error:
-                raise failures.named(NATIVE, buffer, launch.bucket, launch.iteration, error) from error
-
-        return future.then(value_or_explain)
+        return future.then(_explained(NATIVE, launch, run))
 
 
 @dataclass(frozen=True)
@@ -172,8 +191,97 @@ class CudaLaneExecutor(Executor):
         return side.worker.submit(launch.watch.running(job), devices=[launch.buffer.device]).then(_value_or_raise)
 
 
+class ForeignExecutor(Executor):
+    """The user's own DDP hook (``hook=``, :mod:`.foreign`), called unchanged with DDP's own
+    ``GradBucket``, on the hook thread, in DDP's order: what DDP alone would do. Its phase
+    ``hook`` runs from the call to its Future's completion; the Future's value goes to DDP as
+    it is. A failure (in the call or in its Future) is named like the others'."""
+
+    kind = FOREIGN
+
+    def __init__(self, hook: foreign.ForeignHook) -> None:
+        self.hook = hook
+
+    def label(self, schedule: Schedule | None) -> str:
+        return self.hook.name
+
+    def launch(self, launch: Launch, run: Run) -> torch.futures.Future:
+        hook, watch = self.hook, launch.watch
+        if launch.grad_bucket is None:
+            raise TypeError(
+                f"hook={hook.name} is called with DDP's GradBucket, and this bucket came without one: attach the "
+                "state with ddp_ring_hooks.register(model, hook=...) or model.register_comm_hook(state, ring_hook)"
+            )
+        try:
+            run.failures.refuse_after_first(hook.name, launch.bucket, launch.iteration)
+            watch.on_phase(foreign.PHASE)
+            future = hook.hook(hook.state, launch.grad_bucket)
+            if hook.wire_bytes is not None:  # the hook's own count, now that it has set this bucket up
+                watch.resize(bucket_bytes(launch.buffer, None, kind=FOREIGN,
+                                          wire_bytes=hook.wire_bytes(hook.state, launch.grad_bucket)))
+        except RuntimeError as error:
+            return _failed(hook.name, launch, run, error)
+        explained = _explained(hook.name, launch, run)
+
+        def finished(done: torch.futures.Future):
+            value = explained(done)
+            watch.on_finish()
+            return value
+
+        return future.then(finished)
+
+
+class SparseExecutor(Executor):
+    """A sparse bucket (``nn.Embedding(sparse=True)``): the group's sparse all-reduce on the hook
+    thread, divided by the world size first, as PyTorch's ``allreduce_hook`` (``runtime/sparse.py``):
+    its result, bit for bit. Whatever the algorithm (a schedule's chunks are rows other ranks do
+    not have). Its bytes are its indices and values, counted once it is coalesced."""
+
+    kind = SPARSE
+
+    def label(self, schedule: Schedule | None) -> str:
+        return SPARSE
+
+    def launch(self, launch: Launch, run: Run) -> torch.futures.Future:
+        world_size = dist.get_world_size(run.group)
+        try:
+            run.failures.refuse_after_first(SPARSE, launch.bucket, launch.iteration)
+            future = run_sparse(
+                launch.buffer, group=run.group, observer=launch.watch,
+                coalesced=lambda sent: launch.watch.resize(bucket_bytes(sent, None, kind=SPARSE, world_size=world_size)),
+            )
+        except RuntimeError as error:
+            return _failed(SPARSE, launch, run, error)
+        return future.then(_explained(SPARSE, launch, run))
+
+
+@dataclass(frozen=True)
+class Densified(Executor):
+    """A sparse bucket with ``sparse="dense"``: made dense (on the hook thread: a dense copy of
+    the whole table), reduced by ``dense`` (the chosen schedule's executor, or native) as any
+    dense bucket, then sparse again (the rows whose average is not zero) for DDP to copy back."""
+
+    dense: Executor
+    kind = DENSIFIED
+
+    @property
+    def lanes(self) -> int:
+        return self.dense.lanes
+
+    def label(self, schedule: Schedule | None) -> str:
+        return self.dense.label(schedule)
+
+    def launch(self, launch: Launch, run: Run) -> torch.futures.Future:
+        sparse = launch.buffer.coalesce()  # its indices and values counted as the gather would send them
+        launch.watch.resize(bucket_bytes(sparse, launch.wire, kind=DENSIFIED))
+        table = sparse.to_dense()
+        future = self.dense.launch(dataclasses.replace(launch, buffer=table.view(-1)), run)
+        return future.then(lambda done: done.value().view(table.shape).to_sparse(sparse.sparse_dim()))
+
+
 NATIVE_EXECUTOR = NativeExecutor()
 CUDA_EXECUTOR = CudaLaneExecutor()
+SPARSE_EXECUTOR = SparseExecutor()
 
 
 def _average(launch: Launch, run: Run, *, tag: int = 0, carrier: dist.ProcessGroup | None = None) -> torch.Tensor:
@@ -189,6 +297,30 @@ def _average(launch: Launch, run: Run, *, tag: int = 0, carrier: dist.ProcessGro
         )
     except RuntimeError as error:  # backend errors (DistBackendError) and StepFailedError
         raise failures.named(schedule.algorithm, launch.buffer, launch.bucket, launch.iteration, error) from error
+
+
+def _failed(algorithm: str, launch: Launch, run: Run, error: RuntimeError) -> torch.futures.Future:
+    """A Future that fails with ``error`` named (raised before anything ran: refused after an
+    earlier failure, or the backend or the hook failed to start)."""
+    buffer, failure = launch.buffer, error
+    if not isinstance(error, CommunicationError):
+        failure = run.failures.named(algorithm, buffer, launch.bucket, launch.iteration, error)
+        failure.__cause__ = error
+    failed = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
+    failed.set_exception(failure)
+    return failed.then(_value_or_raise)
+
+
+def _explained(algorithm: str, launch: Launch, run: Run):
+    """A Future callback: the value, or the error named as the hook's failure of this bucket."""
+
+    def value_or_explain(done: torch.futures.Future):
+        try:
+            return done.value()
+        except RuntimeError as error:
+            raise run.failures.named(algorithm, launch.buffer, launch.bucket, launch.iteration, error) from error
+
+    return value_or_explain
 
 
 def _value_or_raise(future: torch.futures.Future) -> torch.Tensor:

@@ -12,19 +12,27 @@ worker lanes (a different ``concurrent_buckets``, or ``observers`` on some ranks
 their messages differently, so the peers wait forever; ranks that send different wire dtypes
 (``wire_dtype``) send messages of a size their peers do not expect, and gloo aborts.
 
+The same goes for the *kind* of bucket: a sparse bucket gathered on one rank and densified
+through a schedule on another (a different ``sparse=``), or a user's own hook on some ranks
+only (``hook=``) or a different one, would wait for messages that never come.
+
 So, for the first few iterations, each rank describes the bucket it is about to reduce and
-the schedule it will run in eight integers, and the ranks all-gather these rows before any
+the schedule it will run in nine integers, and the ranks all-gather these rows before any
 gradient moves::
 
-             bucket  elements  dtype    last  algorithm  schedule    lanes  wire
-    rank 0:  [    0,   50410,  float32,  0,   ring,      0x5c1d...,  2,     bfloat16 ]
-    rank 1:  [    0,   50610,  float32,  1,   ring,      0x5c1d...,  2,     bfloat16 ]   <- they disagree: raise
+             bucket  elements  dtype    last  algorithm  schedule    lanes  wire      kind
+    rank 0:  [    0,   50410,  float32,  0,   ring,      0x5c1d...,  2,     bfloat16, dense ]
+    rank 1:  [    0,   50610,  float32,  1,   ring,      0x5c1d...,  2,     bfloat16, dense ]   <- they disagree: raise
+
+(A sparse bucket's elements are its size as a dense tensor: the same on every rank, whatever
+rows each touched. A user's hook has no schedule: its name's checksum stands in the schedule's
+place.)
 
 Every rank sees the same table, so every rank raises the same error at the same bucket: no
 rank is left waiting for a partner, and the process group stays usable. "last" catches ranks
 with different numbers of buckets at the first bucket where they differ.
 
-Cost: one all-gather of ``8 * world_size`` integers per bucket, on the hook's thread before the
+Cost: one all-gather of ``9 * world_size`` integers per bucket, on the hook's thread before the
 bucket is queued (so it stays in the same order as DDP's own collectives on every rank). On
 CUDA it runs on a gloo control group with the same ranks
 (the group context's :meth:`~ddp_ring_hooks.runtime.group_context.GroupContext.control_group`): host messages only, no CUDA tensor
@@ -35,6 +43,7 @@ one big bucket, the second the rebuilt ones), then never again.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +51,7 @@ import torch.distributed as dist
 
 from ..runtime.collectives import all_gather_ints
 from ..runtime.names import NATIVE, runnable_algorithms
+from ..runtime.wire import DENSE, DENSIFIED, FOREIGN, SPARSE
 from ..schedules import Schedule, get_algorithm
 
 #: dtype <-> small integer code for the all-gathered row (same table on every rank).
@@ -50,10 +60,13 @@ _DTYPES = (
     torch.complex128, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
 )
 
+#: Kinds of bucket <-> small integer codes (``runtime/wire.py``).
+_KINDS = (DENSE, SPARSE, DENSIFIED, FOREIGN)
+
 #: The fields of a row, as they are named in error messages.
 _FIELDS = ("bucket index", "number of elements", "dtype", "last bucket", "algorithm", "schedule", "worker lanes",
-           "dtype on the wire")
-_NUMEL, _DTYPE, _LAST, _ALGORITHM, _SCHEDULE, _LANES, _WIRE = range(1, 8)
+           "dtype on the wire", "kind of bucket")
+_NUMEL, _DTYPE, _LAST, _ALGORITHM, _SCHEDULE, _LANES, _WIRE, _KIND = range(1, 9)
 
 
 class BucketLayoutMismatchError(RuntimeError):
@@ -80,18 +93,24 @@ class BucketLayout:
     schedule: Schedule | None  # None: "native" (the group's own all-reduce, no schedule)
     lanes: int  # worker lanes the buckets are spread over (1 on CUDA and for native: no lanes)
     wire: torch.dtype | None = None  # what its transfers carry (None: its own dtype)
+    kind: str = DENSE  # the executor's kind (runtime/wire.py)
+    label: str = ""  # what reduces it, as telemetry names it (a user's hook: its name)
 
     def as_row(self) -> list[int]:
         """``[bucket index, numel, dtype code, is_last, algorithm code, schedule digest, lanes,
-        wire dtype code]`` (ranks sending different wire dtypes would read messages of the
+        wire dtype code, kind code]`` (ranks sending different wire dtypes would read messages of the
         wrong size: gloo aborts the process)."""
         code = _DTYPES.index(self.dtype) if self.dtype in _DTYPES else -1
-        name = self.schedule.algorithm if self.schedule is not None else NATIVE
+        name = self.schedule.algorithm if self.schedule is not None else self.label or NATIVE
         known = runnable_algorithms()
         algorithm = known.index(name) if name in known else -1
-        digest = self.schedule.digest() if self.schedule is not None else 0
+        if self.schedule is not None:
+            digest = self.schedule.digest()
+        else:  # a user's hook by its name; native and the sparse gather have nothing more to say
+            digest = zlib.crc32(self.label.encode()) if self.kind == FOREIGN else 0
         wire = -1 if self.wire is None else _DTYPES.index(self.wire)
-        return [self.index, self.numel, code, int(self.is_last), algorithm, digest, self.lanes, wire]
+        return [self.index, self.numel, code, int(self.is_last), algorithm, digest, self.lanes, wire,
+                _KINDS.index(self.kind)]
 
 
 def check_bucket_layout(layout: BucketLayout, *, group: dist.ProcessGroup | None, iteration: int) -> None:
@@ -128,6 +147,11 @@ def describe_mismatch(rows: list[list[int]], *, iteration: int) -> str:
         )
     if _WIRE in differing:
         lines.append("Every rank must pass the same wire_dtype (fp32, the default, sends a bucket as it is).")
+    if _KIND in differing:
+        lines.append(
+            "Every rank must reduce the bucket the same way: the same hook= (your own hook, or none) and the same "
+            "sparse= (a sparse bucket gathered on one rank and densified on another waits forever)."
+        )
     if _LANES in differing:
         lines.append(
             "Every rank must spread buckets over the same number of worker lanes: pass the same "
@@ -170,4 +194,6 @@ def _show(field: int, value: int) -> str:
         return f"{value:#010x}"
     if field == _WIRE:
         return "as the bucket" if value < 0 else str(_DTYPES[value]).removeprefix("torch.")
+    if field == _KIND:
+        return _KINDS[value] if 0 <= value < len(_KINDS) else "other"
     return str(value)

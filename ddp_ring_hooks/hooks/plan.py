@@ -15,9 +15,14 @@ Built when the state is, on every rank of the group at once (collective):
    hook (:meth:`Plan.probe_network`, collective; ``network_probe=False`` turns it off): the run's
    algorithm timed at a few sizes (:mod:`~ddp_ring_hooks.runtime.network_probe`).
 
+With ``hook=`` (a user's own DDP hook, :mod:`.foreign`) there is nothing to settle or prepare:
+the plan keeps the hook (``foreign``) and runs no schedule; the probe times the group's own
+all-reduce (``native``), the plain all-reduce the advisor compares the hook's run with.
+
 Then, per bucket and local: :meth:`Plan.schedule_for` (``auto``: its choice for the size;
-``native``: ``None``), checked and cached by the registry; :meth:`Plan.wire_for`, the dtype its
-transfers carry (the ``wire_dtype`` option of what runs it); and, with ``error_feedback=True``
+``native``: ``None``), checked and cached by the registry (:meth:`Plan.schedule_of_bucket`: none
+for a foreign hook's bucket or a gathered sparse one; a densified one's by its dense size);
+:meth:`Plan.wire_for`, the dtype its transfers carry (the ``wire_dtype`` option of what runs it); and, with ``error_feedback=True``
 on a narrower wire, :meth:`Plan.residual_for`, the bucket's residual
 (:class:`~.error_feedback.ErrorFeedback`, which the plan keeps). A plan pickles without its
 context (and with empty residuals: a checkpoint keeps those); after unpickling (or when built
@@ -39,6 +44,7 @@ from ..runtime.selection import AutoSelector
 from ..runtime.wire import tensor_bytes, wire_dtype_for
 from ..schedules import Schedule, checked_schedule, options_for, resolve_options
 from .error_feedback import ErrorFeedback
+from .foreign import ForeignHook
 from .validation import validate_algorithm
 
 
@@ -47,23 +53,32 @@ class Plan:
 
     ``options``: the algorithm's resolved options (``auto``: its own and its candidates');
     ``selector``: ``auto``'s calibrated chooser, ``None`` otherwise; ``feedback``: every bucket's
-    rounding residual (``error_feedback=True``, checked by :func:`~.options.sort_options`), ``None`` otherwise;
-    ``network_probe``: whether :meth:`probe_network` measures (``register`` calls it)."""
+    rounding residual (``error_feedback=True``, checked by :func:`~.options.sort_options`), ``None``
+    otherwise; ``network_probe``: whether :meth:`probe_network` measures (``register`` calls it);
+    ``foreign``: the user's own hook (``hook=``; then ``algorithm`` is ``None``); ``sparse``: what a
+    sparse bucket goes through (``"gather"`` or ``"dense"``)."""
 
     #: What ``auto``'s run is probed with: the advisor prices a mix of algorithms as the ring.
     AUTO_PROBED_AS = "ring"
+    #: What a foreign hook's run is probed with: the plain all-reduce it stands in for.
+    FOREIGN_PROBED_AS = "native"
 
     def __init__(
-        self, group: dist.ProcessGroup | None, algorithm: str, options: dict, *, device: torch.device | str | None = None,
-        feedback: ErrorFeedback | None = None, network_probe: bool = True,
+        self, group: dist.ProcessGroup | None, algorithm: str | None, options: dict, *,
+        device: torch.device | str | None = None, feedback: ErrorFeedback | None = None,
+        network_probe: bool = True, foreign: ForeignHook | None = None, sparse: str = "gather",
     ) -> None:
         self.algorithm = algorithm
         self.device = None if device is None else torch.device(device)
         self.feedback = feedback
         self.network_probe = network_probe
         self.probed: tuple[str, tuple[ProbeSample, ...]] | None = None  # what probe_network measured
+        self.foreign = foreign
+        self.sparse = sparse
         self.selector: AutoSelector | None = None
-        if algorithm == AUTO:  # every rank meets here: the probe (which settles the candidates' ring orders)
+        if foreign is not None:  # the user's hook: nothing to settle
+            self.options = {}
+        elif algorithm == AUTO:  # every rank meets here: the probe (which settles the candidates' ring orders)
             self.selector = AutoSelector.probed(group, device=device, **options)
             self.options = options
         else:  # every rank meets here: "hosts", "measured" settle on one order
@@ -80,10 +95,25 @@ class Plan:
             algorithm, options = self.algorithm, self.options
         return checked_schedule(algorithm, world_size, nbytes=nbytes, **options) if has_schedule(algorithm) else None
 
+    @property
+    def densifies(self) -> bool:
+        """Whether a sparse bucket goes through the schedule as a dense tensor (``sparse="dense"``)."""
+        return self.sparse == "dense"
+
+    def schedule_of_bucket(self, buffer: torch.Tensor, world_size: int) -> Schedule | None:
+        """The schedule of a bucket: none for a foreign hook's or a gathered sparse one; a
+        densified one's for its size as a dense tensor (what the schedule then moves)."""
+        if self.foreign is not None or (buffer.is_sparse and not self.densifies):
+            return None
+        return self.schedule_for(tensor_bytes(buffer), world_size)
+
     def wire_for(self, buffer: torch.Tensor, schedule: Schedule | None) -> torch.dtype | None:
         """The dtype ``buffer``'s transfers carry under ``schedule`` (``None``: native, whose wire
         is an option of its own; the result ``None``: the buffer's own dtype); a ``TypeError``
-        naming the fix when the wire dtype is not narrower than the bucket."""
+        naming the fix when the wire dtype is not narrower than the bucket. A foreign hook's
+        bucket and a gathered sparse one travel as they are (``None``)."""
+        if self.foreign is not None or (buffer.is_sparse and not self.densifies):
+            return None
         if schedule is not None:
             return wire_dtype_for(buffer.dtype, schedule.options)
         native = self.selector.choose(tensor_bytes(buffer))[1] if self.selector is not None else self.options
@@ -95,6 +125,13 @@ class Plan:
         its buckets by ``parameters``), or ``None``: no error feedback, or nothing rounded."""
         if self.feedback is None or wire is None:
             return None
+        if buffer.is_sparse:  # densified: its residual would be a dense copy of the whole table
+            raise TypeError(
+                "error_feedback=True keeps each bucket's rounding residual as a dense tensor of the bucket's size, "
+                f"and this sparse bucket ({tuple(buffer.shape)}), densified by sparse='dense', would need one as large "
+                "as its whole table: keep sparse='gather' (the default: sent as it is, nothing rounded) or "
+                "error_feedback=False"
+            )
         return self.feedback.prepare(bucket, buffer, parameters, is_last=is_last)
 
     def probe_network(self, group: dist.ProcessGroup | None) -> tuple[str, tuple[ProbeSample, ...]] | None:
@@ -105,7 +142,9 @@ class Plan:
         group = context_of(group).group
         if not self.network_probe or group.size() < 2 or device_of(group, self.device).type != "cpu":
             return None
-        if self.selector is None:
+        if self.foreign is not None:
+            algorithm, options = self.FOREIGN_PROBED_AS, {}
+        elif self.selector is None:
             algorithm, options = self.algorithm, self.options
         else:
             algorithm = self.AUTO_PROBED_AS
@@ -117,6 +156,8 @@ class Plan:
     def schedules(self, world_size: int) -> list[Schedule]:
         """Every schedule this plan can run (each candidate's, for ``auto``), at the smallest
         size: what it needs of the group does not change with the size (its two-way pairs)."""
+        if self.foreign is not None:
+            return []
         if self.selector is None:
             validate_algorithm(self.algorithm, world_size, self.options)  # a builder's complaint, with context
             runs = [(self.algorithm, self.options)]
@@ -143,7 +184,8 @@ class Plan:
 
     def __getstate__(self) -> dict:
         return {"algorithm": self.algorithm, "device": self.device, "selector": self.selector, "options": self.options,
-                "feedback": self.feedback, "network_probe": self.network_probe}
+                "feedback": self.feedback, "network_probe": self.network_probe, "foreign": self.foreign,
+                "sparse": self.sparse}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update({"network_probe": True, **state, "probed": None})

@@ -6,16 +6,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .foreign import group_of_hook_state
 from .ring_hook import ring_hook
 from .state import HookState
 from .unwrap import find_ddp
-from .validation import validate_algorithm, validate_reducer, validate_registration, validate_wire
+from .validation import validate_algorithm, validate_reducer, validate_registration, validate_sparse, validate_wire
 
 
 def register(
     ddp_model: DistributedDataParallel | nn.Module,
     *,
-    algorithm: str = "ring",
+    algorithm: str | None = None,
     process_group: dist.ProcessGroup | None = None,
     **options,
 ) -> HookState:
@@ -25,12 +26,16 @@ def register(
     ``OptimizedModule``, Fabric's module, what ``accelerator.prepare`` returns): the hook goes
     on the ``DistributedDataParallel`` inside (see :mod:`~ddp_ring_hooks.hooks.unwrap`).
 
-    ``process_group`` defaults to the model's own group. ``options`` go to :class:`HookState`:
+    ``algorithm`` defaults to the ring. ``process_group`` defaults to the model's own group (with
+    ``hook=``, the one in its ``hook_state``). ``options`` go to :class:`HookState`:
     the algorithm's own options (e.g. ``local_size=`` for hierarchical; ``wire_dtype="bf16"``,
     every algorithm's, for half the bytes on the wire), ``error_feedback=True`` (with a narrower
     wire: what rounding lost goes back in at the next step), ``network_probe=False`` (no probe
-    of the network for the advisor when the hook is attached), ``check_layout_steps``,
-    ``concurrent_buckets``, ``observers``, and the watching of every bucket, as
+    of the network for the advisor when the hook is attached), ``sparse="dense"`` (sparse
+    gradients through the algorithm as dense tensors; by default the group's sparse all-reduce),
+    ``check_layout_steps``, ``concurrent_buckets``, ``observers``; or, instead of an algorithm,
+    ``hook=`` (your own DDP hook, with ``hook_state=``, run unchanged and timed); and the
+    watching of every bucket, as
     ``telemetry=TelemetryOptions(...)`` or as its fields (nothing is recorded unless asked):
 
     - ``log_dir``: TensorBoard events (``comm/bucket_{i}/time_ms``, ...) from rank 0.
@@ -57,6 +62,8 @@ def register(
         >>> state = ddp_ring_hooks.register(model, algorithm="native", log_dir="runs/native")
         >>> # half the bytes on the wire, partial sums added in fp32, rounding losses fed back:
         >>> state = ddp_ring_hooks.register(model, wire_dtype="bf16", error_feedback=True)
+        >>> # your own hook (PowerSGD, bf16_compress_hook, ...), unchanged, timed per bucket:
+        >>> state = ddp_ring_hooks.register(model, hook=powerSGD_hook, hook_state=PowerSGDState(None))
         >>> state = ddp_ring_hooks.register(accelerator.prepare(net))  # the DDP inside, compiled or not
     """
     ddp_model = find_ddp(ddp_model)
@@ -67,17 +74,23 @@ def register(
             f"this DDP model already has the communication hook {attached!r}; DDP allows one "
             "hook per model, so build a new DistributedDataParallel to register another"
         )
-    validate_registration(ddp_model.module, process_group or ddp_model.process_group)
+    group = process_group or group_of_hook_state(options.get("hook_state")) or ddp_model.process_group
+    validate_registration(ddp_model.module, group)
     # auto's probe runs on the model's device, not on whatever GPU happens to be current.
     options.setdefault("device", ddp_model.device)
-    state = HookState(process_group or ddp_model.process_group, algorithm, **options)
-    validate_algorithm(state.algorithm, state.world_size, state.algorithm_options)
-    validate_wire(ddp_model.module, state.algorithm_options)
+    state = HookState(group, algorithm, **options)
+    foreign = state.plan.foreign
+    if foreign is None:  # a user's hook takes every bucket as it comes, sparse ones included
+        validate_algorithm(state.algorithm, state.world_size, state.algorithm_options)
+        validate_wire(ddp_model.module, state.algorithm_options)
+        validate_sparse(ddp_model.module, state.group, densify=state.plan.densifies,
+                        feedback=state.plan.feedback is not None)
     ddp_model.register_comm_hook(state, ring_hook)
     # Every rank meets here: the advisor's network probe (off with network_probe=False).
     probed = state.plan.probe_network(state.group)
     state.observation.attach(
-        ddp_model, algorithm=algorithm, concurrent_buckets=state.concurrent_buckets, group=state.group,
+        ddp_model, algorithm=foreign.name if foreign is not None else state.algorithm,
+        concurrent_buckets=state.concurrent_buckets, group=state.group,
         run_facts={"nodes": state.nodes, "ring": state.ring, "options": state.algorithm_options,
                    "probe_algorithm": None if probed is None else probed[0],
                    "probe": None if probed is None else probed[1]},

@@ -52,6 +52,11 @@ class Reports:
         return advise(self.timeline.records(), **options)
 
     @property
+    def hook(self):
+        """The user's own DDP hook this state runs (``hook=``: a :class:`~.foreign.ForeignHook`), or ``None``."""
+        return self.plan.foreign
+
+    @property
     def nodes(self) -> tuple[int, ...] | None:
         """The node of each rank of the group, as its ranks said when the state was built
         (``GROUP_RANK``); ``None`` when they did not say."""

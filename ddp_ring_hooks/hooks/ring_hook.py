@@ -20,4 +20,4 @@ def ring_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
         >>> state = ddp_ring_hooks.HookState(algorithm="ring")
         >>> ddp_model.register_comm_hook(state, ddp_ring_hooks.ring_hook)
     """
-    return state.reduce_bucket(bucket.buffer(), is_last=bucket.is_last(), parameters=bucket.parameters)
+    return state.reduce_bucket(bucket.buffer(), is_last=bucket.is_last(), parameters=bucket.parameters, grad_bucket=bucket)

@@ -30,20 +30,21 @@ otherwise.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from ..runtime.wire import bucket_bytes, tensor_bytes
+from ..runtime.wire import bucket_bytes
 from ..telemetry.observation import Observation
 from .advice import advice_table
 from .checkpoint import Checkpointing
 from .errors import Failures
-from .executors import Launch, Run, algorithm_of, choose
+from .executors import Launch, Run, choose
 from .layout_check import BucketLayout, check_bucket_layout
-from .options import sort_options
+from .foreign import check_hook_group
+from .options import DEFAULT_ALGORITHM, sort_options
 from .plan import Plan
 from .reports import Reports
 from .validation import validate_bucket, validate_bucket_on
@@ -59,7 +60,7 @@ class HookState(Reports, Checkpointing):
 
     Args:
         process_group: the group to reduce over; ``None`` means the default (WORLD) group.
-        algorithm: the all-reduce algorithm, one of :data:`ddp_ring_hooks.ALGORITHMS`;
+        algorithm: the all-reduce algorithm (default ``"ring"``), one of :data:`ddp_ring_hooks.ALGORITHMS`;
             ``"native"``: the group's own ``all_reduce``, bit-identical to DDP without a hook,
             with this hook's telemetry (one option, ``wire_dtype``: with ``"bf16"`` it is
             PyTorch's ``bf16_compress_hook``, timed); or ``"auto"``: per bucket, the fastest
@@ -103,6 +104,16 @@ class HookState(Reports, Checkpointing):
             With ``observers``, buckets always run one at a time: an observer sees whole
             all-reduces in order. Every rank must end up with the same number of lanes (the
             layout check says so when they do not).
+        sparse: what a sparse gradient bucket (``nn.Embedding(sparse=True)``) goes through:
+            ``"gather"`` (the default), the group's sparse all-reduce, as PyTorch's
+            ``allreduce_hook`` (whatever the algorithm; gloo only); ``"dense"``, the algorithm,
+            as a dense tensor of the whole table, then sparse again (``docs/hook.md``).
+        hook: instead of an algorithm of ours, your own DDP communication hook
+            (``powerSGD_hook``, ``bf16_compress_hook``, any ``hook(state, bucket) -> Future``),
+            run unchanged inside ours and timed like every bucket (:mod:`~ddp_ring_hooks.hooks.foreign`);
+            ``hook_state``: the state it is called with (``PowerSGDState(...)``, or a process
+            group); ``wire_bytes``: ``f(hook_state, bucket) -> int``, the bytes it sent (default:
+            the bucket's own). Not with ``algorithm=`` or its options.
         **options: the algorithm's options (see ``algorithm_options``) and the telemetry
             fields, as keywords.
 
@@ -110,11 +121,13 @@ class HookState(Reports, Checkpointing):
 
         >>> state = HookState(algorithm="ring")
         >>> ddp_model.register_comm_hook(state, ring_hook)
+        >>> state = HookState(hook=powerSGD_hook, hook_state=PowerSGDState(None, start_powerSGD_iter=10))
     """
 
     __slots__ = (
-        # What to run, and where: the group, the algorithm, and its plan (the algorithm settled
-        # on the group, auto's selector, the group's prepared context, error feedback's residuals).
+        # What to run, and where: the group, the algorithm (None with hook=), and its plan (the
+        # algorithm settled on the group, auto's selector, the group's prepared context, error
+        # feedback's residuals; or the user's own hook).
         "process_group",
         "algorithm",
         "algorithm_options",
@@ -139,7 +152,7 @@ class HookState(Reports, Checkpointing):
     def __init__(
         self,
         process_group: dist.ProcessGroup | None = None,
-        algorithm: str = "ring",
+        algorithm: str | None = None,
         *,
         algorithm_options: Mapping[str, object] | None = None,
         telemetry: TelemetryOptions | Telemetry | None = None,
@@ -149,11 +162,20 @@ class HookState(Reports, Checkpointing):
         device: torch.device | str | None = None,
         error_feedback: bool = False,
         network_probe: bool = True,
+        sparse: str = "gather",
+        hook: Callable | None = None,
+        hook_state: object = None,
+        wire_bytes: Callable | None = None,
         **options,
     ) -> None:
         given = sort_options(algorithm, algorithm_options, options, check_layout_steps=check_layout_steps,
                              concurrent_buckets=concurrent_buckets, error_feedback=error_feedback,
-                             network_probe=network_probe)
+                             network_probe=network_probe, sparse=sparse, hook=hook, hook_state=hook_state,
+                             wire_bytes=wire_bytes)
+        if given.foreign is not None:
+            check_hook_group(given.foreign, process_group)
+        else:
+            algorithm = algorithm or DEFAULT_ALGORITHM
         self.process_group = process_group
         self.algorithm = algorithm
         self.iteration = 0
@@ -163,7 +185,7 @@ class HookState(Reports, Checkpointing):
         self.observation = Observation(telemetry, observers=observers, advice=advice_table, **given.telemetry)
         self.observation.check_group(self.group)
         self.plan = Plan(process_group, algorithm, given.algorithm, device=device, feedback=given.feedback,
-                         network_probe=network_probe)
+                         network_probe=network_probe, foreign=given.foreign, sparse=given.sparse)
         self.algorithm_options = self.plan.options
         self._restarted(process_group=process_group)
         self.warn_misplaced(stacklevel=2)
@@ -189,18 +211,21 @@ class HookState(Reports, Checkpointing):
     # -- reducing a bucket ---------------------------------------------------------------
 
     def schedule_for(self, buffer: torch.Tensor) -> Schedule | None:
-        """The (checked, cached) schedule used for this buffer; ``None`` for ``native``."""
-        return self.plan.schedule_for(tensor_bytes(buffer), self.world_size)
+        """The (checked, cached) schedule used for this buffer; ``None`` for ``native``, a
+        foreign hook's bucket or a gathered sparse one (:meth:`.plan.Plan.schedule_of_bucket`)."""
+        return self.plan.schedule_of_bucket(buffer, self.world_size)
 
     def wire_for(self, buffer: torch.Tensor, schedule: Schedule | None) -> torch.dtype | None:
         """The dtype ``buffer``'s transfers carry (``None``: its own); a ``TypeError`` naming the
         fix when the wire dtype is not narrower than the bucket (:meth:`.plan.Plan.wire_for`)."""
         return self.plan.wire_for(buffer, schedule)
 
-    def reduce_bucket(self, buffer: torch.Tensor, *, is_last: bool, parameters=None) -> torch.futures.Future:
-        """Average ``buffer`` over the group in place; the Future holds ``buffer``.
-        ``parameters``: how to list the bucket's parameters (``GradBucket.parameters``), for
-        error feedback across DDP's rebuild of its buckets."""
+    def reduce_bucket(self, buffer: torch.Tensor, *, is_last: bool, parameters=None,
+                      grad_bucket: dist.GradBucket | None = None) -> torch.futures.Future:
+        """Average ``buffer`` over the group in place; the Future holds ``buffer`` (a sparse
+        bucket's: the averaged sparse tensor). ``parameters``: how to list the bucket's
+        parameters (``GradBucket.parameters``), for error feedback across DDP's rebuild of its
+        buckets; ``grad_bucket``: DDP's bucket itself (what a foreign hook is called with)."""
         # 1. check
         validate_bucket(buffer)
         bucket, self._bucket_index = self._bucket_index, 0 if is_last else self._bucket_index + 1
@@ -208,26 +233,30 @@ class HookState(Reports, Checkpointing):
         if checking_layout or self._reductions_here == 0:
             validate_bucket_on(buffer, self.process_group)
         # 2. choose: the schedule, its wire and residual, and the executor (the one seam)
+        plan = self.plan
         schedule = self.schedule_for(buffer)
         wire = self.wire_for(buffer, schedule)
-        residual = self.plan.residual_for(bucket, buffer, wire, parameters=parameters, is_last=is_last)
-        executor = choose(schedule, buffer, lanes=1 if self.observers else self.concurrent_buckets)
-        run = Run(self.group, self.plan.context(self.group), self._failures)
+        residual = plan.residual_for(bucket, buffer, wire, parameters=parameters, is_last=is_last)
+        executor = choose(schedule, buffer, lanes=1 if self.observers else self.concurrent_buckets,
+                          foreign=plan.foreign, densify=plan.densifies)
+        run = Run(self.group, plan.context(self.group), self._failures)
         iteration = self.iteration  # reductions done before this one
+        algorithm = executor.label(schedule)
         if checking_layout:  # on NCCL on a gloo group with the same ranks: no CUDA tensor, no host sync
-            layout = BucketLayout(bucket, buffer.numel(), buffer.dtype, is_last, schedule, executor.lanes, wire)
+            layout = BucketLayout(bucket, buffer.numel(), buffer.dtype, is_last, schedule, executor.lanes, wire,
+                                  kind=executor.kind, label=algorithm)
             check_bucket_layout(layout, group=run.context.control_group(), iteration=iteration)
         if is_last:
             self.iteration += 1
             self._reductions_here += 1
         # 3. hand over, once (the hand-over mark: queue_ms, exposed_ms and the rank's arrival
         # start here), and launch, the watch as the executor's observer
-        algorithm = algorithm_of(schedule)
         watch = self.observation.hand_over(
             buffer, step=iteration + 1, index=bucket, is_last=is_last, algorithm=algorithm, group=self.group,
-            size=bucket_bytes(buffer, wire),
+            size=bucket_bytes(buffer, wire, kind=executor.kind, world_size=self.world_size),
         )
-        future = executor.launch(Launch(buffer, schedule, watch, bucket, iteration, wire, residual), run)
+        launch = Launch(buffer, schedule, watch, bucket, iteration, wire, residual, grad_bucket)
+        future = executor.launch(launch, run)
         # 4. name failures (the stall watchdog's too, when it fails the bucket first)
         return watch.launched(future, explain=functools.partial(run.failures.named, algorithm, buffer, bucket, iteration))
 

@@ -9,8 +9,9 @@ on one rank (the option names themselves are checked when ``HookState`` is built
   can do point-to-point ``batch_isend_irecv`` (gloo on CPU, NCCL on CUDA);
 - the algorithm and its options: the schedule is built for the group's size and proven an
   all-reduce (e.g. ``hierarchical`` needs a ``local_size`` that divides the world size);
-- the gradients: no module makes sparse gradients (DDP hands those over as sparse buckets),
-  and the wire dtype is narrower than each gradient dtype (or the default: as they are);
+- the gradients: a module that makes sparse gradients (DDP hands those over as sparse buckets)
+  has a group that can reduce them (gloo; NCCL has no sparse all-reduce) unless they are
+  densified, and the wire dtype is narrower than each gradient dtype (or the default: as they are);
 - the reducer: DDP's C++ reducer, the one that hands buckets to hooks (not the Python reducer
   of ``torch._dynamo.config.optimize_ddp="python_reducer"``, nor compiled autograd).
 
@@ -28,6 +29,7 @@ from torch import nn
 
 from ..runtime import names
 from ..runtime.collectives import check_device_backend
+from ..runtime.sparse import check_sparse_backend
 from ..runtime.wire import wire_dtype_for
 from ..schedules import checked_schedule
 
@@ -36,9 +38,8 @@ SUPPORTED_BACKENDS = ("gloo", "nccl")
 
 
 def validate_registration(module: nn.Module, group: dist.ProcessGroup | None) -> None:
-    """Before the state is built: the group can carry the hook, ``module`` makes dense gradients."""
+    """Before the state is built: the group can carry the hook."""
     validate_group(group)
-    validate_gradients(module)
 
 
 def validate_reducer(ddp_model: nn.Module) -> None:
@@ -130,29 +131,38 @@ def validate_wire(module: nn.Module, options: dict) -> None:
         wire_dtype_for(dtype, options)
 
 
-def validate_gradients(module: nn.Module) -> None:
-    """Refuse modules that produce sparse gradients: DDP hands them to the hook as sparse buckets."""
-    sparse = [
-        name or type(module).__name__
+def sparse_modules(module: nn.Module) -> dict[str, nn.Module]:
+    """``module``'s parts that make sparse gradients (``nn.Embedding`` or ``nn.EmbeddingBag``
+    with ``sparse=True``), by name: DDP hands each to the hook as a sparse bucket."""
+    return {
+        name or type(module).__name__: child
         for name, child in module.named_modules()
         if isinstance(child, (nn.Embedding, nn.EmbeddingBag)) and child.sparse
-    ]
-    if sparse:
-        raise ValueError(
-            f"{', '.join(sparse)} make{'s' if len(sparse) == 1 else ''} sparse gradients "
-            "(sparse=True), which DDP hands to communication hooks as sparse buckets; ring_hook "
-            "reduces dense buckets only. Build them with sparse=False, or keep DDP's default "
-            "all-reduce for this model"
+    }
+
+
+def validate_sparse(module: nn.Module, group: dist.ProcessGroup | None, *, densify: bool, feedback: bool) -> None:
+    """Refuse, at registration, sparse gradients the hook could not reduce: on NCCL without
+    ``sparse="dense"`` (no sparse all-reduce there), or densified with error feedback (a residual
+    as large as the whole table). The first such bucket would be refused the same way."""
+    sparse = sparse_modules(module)
+    if not densify:
+        for child in sparse.values():
+            check_sparse_backend(child.weight, group)
+    elif feedback and sparse:
+        raise TypeError(
+            f"{', '.join(sparse)} make{'s' if len(sparse) == 1 else ''} sparse gradients, which sparse='dense' "
+            "densifies, and error_feedback=True would keep a residual as large as each whole table: keep "
+            "sparse='gather' (the default: sent as they are, nothing rounded) or error_feedback=False"
         )
 
 
 def validate_bucket(buffer: torch.Tensor) -> None:
-    """The per-bucket check: a dense floating-point or complex buffer (cheap: no data read)."""
-    if buffer.layout != torch.strided:
+    """The per-bucket check: a dense (or sparse COO) floating-point or complex buffer (cheap: no data read)."""
+    if buffer.layout not in (torch.strided, torch.sparse_coo):
         raise TypeError(
-            f"ring_hook got a {buffer.layout} gradient bucket; it reduces dense buckets only. DDP "
-            "makes sparse buckets for nn.Embedding(sparse=True) / nn.EmbeddingBag(sparse=True): "
-            "build them with sparse=False, or keep DDP's default all-reduce for this model"
+            f"ring_hook got a {buffer.layout} gradient bucket; it reduces dense buckets and the sparse COO ones "
+            "DDP makes for nn.Embedding(sparse=True) / nn.EmbeddingBag(sparse=True)"
         )
     if not (buffer.is_floating_point() or buffer.is_complex()):
         raise TypeError(

@@ -113,7 +113,7 @@ class RingDDPStrategy(DDPStrategy):
 
     def __init__(
         self,
-        algorithm: str = "ring",
+        algorithm: str | None = None,  # the ring, unless hook= (a DDP hook of your own) is given
         *,
         algorithm_options: Mapping[str, Any] | None = None,
         **options: Any,

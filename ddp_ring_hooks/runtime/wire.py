@@ -3,7 +3,22 @@
 Every byte count of a bucket asks here (:func:`tensor_bytes`, :func:`bucket_bytes`), never
 ``numel() * element_size()`` inline: the hook's choice of algorithm by size, the telemetry's
 ``bytes`` and ``wire_bytes``, the executor's per-link counts, ``all_reduce`` and the benchmark.
-A bucket of another kind (sparse, later) answers here too.
+Each kind of bucket answers here:
+
+=============  =====================================  =========================================
+kind           ``nbytes`` (the ``bytes`` tag)          ``wire_bytes``
+=============  =====================================  =========================================
+``dense``      its elements times their size           as its transfers carry them (the wire dtype)
+``sparse``     its indices and values (this rank's,    ``(p - 1) x nbytes``: the gather takes every
+               coalesced: what it puts in the gather)   rank's indices and values to every other rank
+``densified``  the dense tensor the schedule reduces   as ``dense``
+``foreign``    as ``dense`` (a sparse one: its indices     what the user's hook says it sent, else ``nbytes``
+               and values)
+=============  =====================================  =========================================
+
+A sparse bucket (``nn.Embedding(sparse=True)``) is a COO tensor whose ``numel()`` counts the
+rows it does not store: :func:`tensor_bytes` of it is its size *as a dense tensor*
+(``dense_bytes``), what densifying it would move, never what the gather moves.
 
 The wire dtype is an option of every algorithm (``wire_dtype=``, declared in
 ``schedules/wire.py``): its name, resolved with the other options, travels with the schedule.
@@ -35,14 +50,25 @@ from ..schedules.wire import short_name
 NARROW_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+#: The kinds of bucket (chosen with the executor, ``hooks/executors.py``).
+DENSE, SPARSE, DENSIFIED, FOREIGN = "dense", "sparse", "densified", "foreign"
+
+
 @dataclass(frozen=True, slots=True)
 class BucketBytes:
-    """A bucket's size: ``nbytes`` in its own dtype, ``wire_bytes`` as its transfers carry it
-    (``wire``: the dtype on the wire, e.g. ``"bfloat16"``)."""
+    """A bucket's size (see the module docstring's table): ``nbytes``, ``wire_bytes`` as its
+    transfers carry it (``wire``: the dtype on the wire, e.g. ``"bfloat16"``), its ``kind``; for
+    a sparse bucket (gathered or densified) also ``nnz`` (its stored entries, coalesced),
+    ``sparse_bytes`` (their indices and values) and ``dense_bytes`` (its size as a dense tensor):
+    what the advisor prices both ways with."""
 
     nbytes: int
     wire_bytes: int
     wire: str
+    kind: str = DENSE
+    nnz: int | None = None
+    sparse_bytes: int | None = None
+    dense_bytes: int | None = None
 
     @property
     def ratio(self) -> float:
@@ -51,8 +77,16 @@ class BucketBytes:
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
-    """The bytes ``tensor`` holds (dense: its elements times their size)."""
+    """The bytes ``tensor`` holds as a dense tensor: its elements times their size (a sparse
+    tensor's ``numel()`` counts the elements it does not store too: its size densified)."""
     return tensor.numel() * tensor.element_size()
+
+
+def sparse_bytes(tensor: torch.Tensor) -> int:
+    """The indices and values a sparse COO ``tensor`` stores: ``nnz`` index columns of
+    ``sparse_dim`` integers, and ``nnz`` values (each a row of its dense dimensions)."""
+    indices, values = tensor._indices(), tensor._values()
+    return indices.numel() * indices.element_size() + values.numel() * values.element_size()
 
 
 def wire_dtype_for(dtype: torch.dtype, options: Mapping[str, object] | tuple | str) -> torch.dtype | None:
@@ -80,12 +114,25 @@ def wire_dtype_for(dtype: torch.dtype, options: Mapping[str, object] | tuple | s
     return wire
 
 
-def bucket_bytes(tensor: torch.Tensor, wire: torch.dtype | None) -> BucketBytes:
-    """``tensor``'s bytes, and the bytes its transfers carry on ``wire`` (``None``: its own dtype)."""
+def bucket_bytes(tensor: torch.Tensor, wire: torch.dtype | None, *, kind: str = DENSE, world_size: int = 1,
+                 wire_bytes: int | None = None) -> BucketBytes:
+    """``tensor``'s bytes as a bucket of ``kind`` (the module docstring's table), and the bytes its
+    transfers carry on ``wire`` (``None``: its own dtype). ``world_size``: the group's, for a
+    gathered sparse bucket; ``wire_bytes``: a foreign hook's own count of what it sent."""
     nbytes = tensor_bytes(tensor)
-    if wire is None:
-        return BucketBytes(nbytes, nbytes, str(tensor.dtype).removeprefix("torch."))
-    return BucketBytes(nbytes, tensor.numel() * wire.itemsize, str(wire).removeprefix("torch."))
+    named = str(wire if wire is not None else tensor.dtype).removeprefix("torch.")
+    on_wire = nbytes if wire is None else tensor.numel() * wire.itemsize
+    if not tensor.is_sparse:
+        if kind == FOREIGN:
+            return BucketBytes(nbytes, nbytes if wire_bytes is None else int(wire_bytes), named, kind)
+        return BucketBytes(nbytes, on_wire, named, kind)
+    stored = sparse_bytes(tensor)
+    sparse = {"nnz": tensor._nnz(), "sparse_bytes": stored, "dense_bytes": nbytes}
+    if kind == FOREIGN:  # what DDP handed the user's hook: its indices and values
+        return BucketBytes(stored, stored if wire_bytes is None else int(wire_bytes), named, kind, **sparse)
+    if kind == SPARSE:  # the group's gather: its own indices and values, to each of the other ranks
+        return BucketBytes(stored, (world_size - 1) * stored, str(tensor.dtype).removeprefix("torch."), kind, **sparse)
+    return BucketBytes(nbytes, on_wire, named, kind, **sparse)
 
 
 def _named(dtype: torch.dtype) -> str:

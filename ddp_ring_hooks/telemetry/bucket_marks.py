@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..runtime.wire import SPARSE
 from .records import BucketRecord, StepRecord, bandwidths_GBps, busy_ms
 
 
@@ -72,11 +73,15 @@ def bucket_record(step, bucket, clock: BucketClocks) -> BucketRecord:
         phases_ms[phase] = phases_ms.get(phase, 0.0) + (end - begin)
         offsets_ms.setdefault(phase, begin - start)
     algbw, _ = bandwidths_GBps(bucket.nbytes, time_ms, bucket.world_size)
-    _, busbw = bandwidths_GBps(bucket.wire_bytes, time_ms, bucket.world_size)  # the bytes that crossed the links
+    if bucket.kind == SPARSE:  # the gather: its wire bytes each cross one link (records.py)
+        busbw = bandwidths_GBps(bucket.wire_bytes, time_ms, bucket.world_size)[0]
+    else:
+        _, busbw = bandwidths_GBps(bucket.wire_bytes, time_ms, bucket.world_size)  # the bytes that crossed the links
     return BucketRecord(
         step=step.step, index=bucket.index, nbytes=bucket.nbytes, numel=bucket.numel,
         dtype=str(bucket.dtype).removeprefix("torch."), algorithm=bucket.algorithm, world_size=bucket.world_size,
         queue_ms=start - clock.handed, time_ms=time_ms, phases_ms=phases_ms,
         algbw_GBps=algbw, busbw_GBps=busbw, rank=step.rank, start_ms=start,
-        phase_offsets_ms=offsets_ms, wire_bytes=bucket.wire_bytes, wire=bucket.wire,
+        phase_offsets_ms=offsets_ms, wire_bytes=bucket.wire_bytes, wire=bucket.wire, kind=bucket.kind,
+        nnz=bucket.size.nnz,
     )

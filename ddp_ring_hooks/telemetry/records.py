@@ -20,6 +20,8 @@ GB = 1e9 bytes, so the numbers compare directly with ``all_reduce_perf`` and NCC
 
     algbw = bytes / time
     busbw = algbw * 2 (p - 1) / p        # all-reduce: every byte crosses 2(p-1)/p links
+    busbw = wire_bytes / time            # a sparse bucket's gather: wire_bytes = (p - 1) x its bytes,
+                                         # each crossing one link (nccl-tests' all-gather, equal shares)
 
 One step on one rank, as the records see it (CPU: the buckets run on the communication
 workers, up to ``concurrent_buckets`` at once, while backward goes on computing)::
@@ -89,7 +91,9 @@ class BucketRecord:
     with ``wire_dtype="bf16"``); ``None`` in records made before it existed: ``nbytes``.
     ``algbw_GBps`` is the bucket's own bytes per second (what the training sees: bf16 on the
     wire doubles it), ``busbw_GBps`` the bytes that crossed the links (its wire bytes, times
-    ``2(p-1)/p``): compare it with the links' rate.
+    ``2(p-1)/p``): compare it with the links' rate. ``kind`` is how it was reduced
+    (``dense``; ``sparse``: gathered, its ``nbytes`` its indices and values and ``nnz`` its stored
+    entries, coalesced; ``densified``; ``foreign``: a user's own hook, ``runtime/wire.py``).
     """
 
     step: int
@@ -109,6 +113,8 @@ class BucketRecord:
     phase_offsets_ms: dict[str, float] = field(default_factory=dict)
     wire_bytes: int | None = None
     wire: str = ""
+    kind: str = "dense"
+    nnz: int | None = None
 
     @property
     def bytes_on_wire(self) -> int:

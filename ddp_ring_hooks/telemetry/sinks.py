@@ -10,6 +10,7 @@ the summary table in :mod:`.summary`.
 TensorBoard tags (stable: dashboards are built on them)::
 
     comm/bucket_{i}/time_ms  bytes  wire_bytes  busbw_GBps  algbw_GBps  queue_ms  {phase}_ms
+    comm/bucket_{i}/nnz                                  (a sparse bucket: its stored entries)
     comm/step/total_ms  exposed_ms  num_buckets  bucket_time_ms (histogram)
     comm/telemetry/dropped
     comm/ranks/straggler_rank  straggler_wait_ms  arrival_spread_ms  clock_error_ms
@@ -22,7 +23,9 @@ TensorBoard tags (stable: dashboards are built on them)::
 
 ``wire_bytes`` is what the bucket's transfers carried (half its ``bytes`` with
 ``wire_dtype="bf16"``); ``busbw_GBps`` is computed on it (the links' load), ``algbw_GBps`` on
-``bytes`` (the bucket's own rate). ``straggler_rank`` is the rank that arrived last (handed its last bucket over last) and
+``bytes`` (the bucket's own rate). A sparse bucket's ``bytes`` are its indices and values, its
+``wire_bytes`` what its gather sends (``(p - 1)`` times as many), ``nnz`` its stored entries
+(``runtime/wire.py``). ``straggler_rank`` is the rank that arrived last (handed its last bucket over last) and
 ``straggler_wait_ms`` the median over the other ranks of how long they waited for it (see
 :class:`~.records.RankArrivals`). There is no "slowest rank by communication time": the rank
 that communicates longest is the one that waited longest, a victim, not the culprit.
@@ -165,6 +168,8 @@ class TensorBoardSink(Sink):
             add(f"{prefix}/busbw_GBps", bucket.busbw_GBps)
             add(f"{prefix}/algbw_GBps", bucket.algbw_GBps)
             add(f"{prefix}/queue_ms", bucket.queue_ms)
+            if bucket.nnz is not None:
+                add(f"{prefix}/nnz", bucket.nnz)
             for phase, ms in bucket.phases_ms.items():
                 add(f"{prefix}/{phase}_ms", ms)
         if record.buckets:

@@ -7,6 +7,7 @@ import collections
 import math
 from collections.abc import Iterable
 
+from ..runtime.wire import DENSE, DENSIFIED, SPARSE
 from ..schedules.wire import short_name
 from .records import Record, StepRecord
 from .sinks import Sink
@@ -20,6 +21,8 @@ class SummaryTable(Sink):
     at most ``window`` recent samples for its percentiles (memory stays flat); counts are exact.
     When the transfers carry a narrower dtype than the buckets, a line says which and what share
     of the bytes crossed the links ("bf16 on the wire: 0.50x the bytes"; busbw counts those).
+    A sparse bucket's bytes change with every batch (the rows it touched): it has one row, its
+    bytes their median, marked as gathered with its median ``nnz``; a densified one is marked too.
     """
 
     def __init__(self, window: int = 4096) -> None:
@@ -34,13 +37,14 @@ class SummaryTable(Sink):
 
     def write(self, record: StepRecord) -> None:
         for bucket in record.buckets:
-            key = (bucket.index, bucket.nbytes, bucket.dtype)
+            varies = bucket.nnz is not None and bucket.kind != DENSIFIED  # a sparse bucket's bytes: its rows
+            key = (bucket.index, _SPARSE_ROW if varies else bucket.nbytes, bucket.dtype)
             if record.step == 1:
                 self._first_step_keys.add(key)
             row = self._rows.get(key)
             if row is None:
-                row = self._rows[key] = _Row(self.window)
-            row.add(bucket.time_ms, bucket.busbw_GBps, bucket.queue_ms)
+                row = self._rows[key] = _Row(self.window, kind=bucket.kind)
+            row.add(bucket.time_ms, bucket.busbw_GBps, bucket.queue_ms, nbytes=bucket.nbytes, nnz=bucket.nnz)
             if bucket.wire and bucket.wire != bucket.dtype:
                 totals = self._wire.setdefault(bucket.wire, [0, 0])
                 totals[0] += bucket.nbytes
@@ -61,7 +65,7 @@ class SummaryTable(Sink):
         latest = "".join(f"\n  {tag}: {value:g} (step {step})" for tag, (value, step) in self._latest.items())
         if self._last is None:
             return "no communication recorded yet (no logged step has finished)" + latest
-        first = self._last.buckets[0]
+        first = next((b for b in self._last.buckets if b.kind != SPARSE), self._last.buckets[0])
         lines = [
             f"communication per bucket, rank {self._last.rank}: {first.algorithm} over "
             f"{first.world_size} ranks, {self._steps.count} steps logged, {dropped} dropped",
@@ -69,10 +73,11 @@ class SummaryTable(Sink):
             f"{'max ms':>9} {'queue p50':>9} {'busbw p50 GB/s':>14}",
         ]
         for (index, nbytes, dtype), row in sorted(self._rows.items()):
+            shown = int(percentile(row.nbytes, 0.5)) if nbytes == _SPARSE_ROW else nbytes
             lines.append(
-                f"{index:>6} {nbytes:>14,} {dtype:>9} {row.count:>6} {row.time(0.5):>9.3f} "
+                f"{index:>6} {shown:>14,} {dtype:>9} {row.count:>6} {row.time(0.5):>9.3f} "
                 f"{row.time(0.9):>9.3f} {row.max_time:>9.3f} {row.queue(0.5):>9.3f} {row.busbw(0.5):>14.3f}"
-                + (FIRST_STEP_NOTE if self._first_step_only((index, nbytes, dtype), row) else "")
+                + (FIRST_STEP_NOTE if self._first_step_only((index, nbytes, dtype), row) else row.note())
             )
         lines.append(
             f"  step: total p50 {self._steps.time(0.5):.3f} ms, p90 {self._steps.time(0.9):.3f} ms; "
@@ -92,24 +97,43 @@ class SummaryTable(Sink):
 
 #: Appended to a row that only step 1 made, so the odd extra row explains itself.
 FIRST_STEP_NOTE = "  <- step 1 only: DDP's first iteration, before it rebuilds its buckets"
+#: The bytes of a sparse bucket's row key: one row whatever its size at each step.
+_SPARSE_ROW = -1
 
 
 class _Row:
-    """Samples of one table row: exact count and max, recent values for percentiles."""
+    """Samples of one table row: exact count and max, recent values for percentiles (a sparse
+    bucket's also its bytes and nnz, which change with every batch)."""
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, *, kind: str = DENSE) -> None:
         self.count = 0
         self.max_time = 0.0
+        self.kind = kind
         self._times: collections.deque[float] = collections.deque(maxlen=window)
         self._busbw: collections.deque[float] = collections.deque(maxlen=window)
         self._queue: collections.deque[float] = collections.deque(maxlen=window)
+        self.nbytes: collections.deque[int] = collections.deque(maxlen=window)
+        self.nnz: collections.deque[int] = collections.deque(maxlen=window)
 
-    def add(self, time_ms: float, busbw: float, queue_ms: float) -> None:
+    def add(self, time_ms: float, busbw: float, queue_ms: float, *, nbytes: int = 0, nnz: int | None = None) -> None:
         self.count += 1
         self.max_time = max(self.max_time, time_ms)
         self._times.append(time_ms)
         self._busbw.append(busbw)
         self._queue.append(queue_ms)
+        if nnz is not None:
+            self.nbytes.append(nbytes)
+            self.nnz.append(nnz)
+
+    def note(self) -> str:
+        """What marks a sparse bucket's row (gathered: its bytes are indices and values)."""
+        if self.kind == SPARSE:
+            return f"  <- sparse, gathered: nnz p50 {int(percentile(self.nnz, 0.5)):,} (bytes: its indices and values)"
+        if self.kind == DENSIFIED:
+            return f"  <- sparse, densified (sparse='dense'): nnz p50 {int(percentile(self.nnz, 0.5)):,}"
+        if self.nnz:
+            return f"  <- sparse, by your hook: nnz p50 {int(percentile(self.nnz, 0.5)):,}"
+        return ""
 
     def time(self, q: float) -> float:
         return percentile(self._times, q)

@@ -141,7 +141,8 @@ def trace_events(records: Iterable[StepRecord]) -> list[dict]:
                 {
                     "step": record.step, "bytes": bucket.nbytes, "wire_bytes": bucket.bytes_on_wire,
                     "wire": bucket.wire or bucket.dtype, "numel": bucket.numel, "dtype": bucket.dtype,
-                    "algorithm": bucket.algorithm, "world_size": bucket.world_size,
+                    "algorithm": bucket.algorithm, "world_size": bucket.world_size, "kind": bucket.kind,
+                    **({} if bucket.nnz is None else {"nnz": bucket.nnz}),
                     "busbw_GBps": _finite(bucket.busbw_GBps), "algbw_GBps": _finite(bucket.algbw_GBps),
                 },
             ))

@@ -164,7 +164,9 @@ class BucketWatch(FanOut):
 
     - what: ``step`` (optimizer step), ``index`` (DDP's bucket order), ``is_last``, ``nbytes``,
       ``wire_bytes`` and ``wire`` (what its transfers carry: its bytes on the wire and their
-      dtype), ``numel``, ``dtype``, ``algorithm``, ``world_size``, ``rank``, ``group``;
+      dtype), ``kind`` (``dense``, ``sparse``, ``densified``, ``foreign``: how it was reduced and
+      its bytes counted, ``runtime/wire.py``), ``size`` (all of its byte counts, a sparse one's
+      ``nnz`` among them), ``numel``, ``dtype``, ``algorithm``, ``world_size``, ``rank``, ``group``;
     - marks (:mod:`.timer`: host seconds, or CUDA events on the stream doing the work):
       ``handed`` (taken first, as DDP handed the bucket over; on CUDA also the event the
       communication stream waits for), and on marked steps ``phases`` (``(name, mark)`` at each
@@ -188,9 +190,7 @@ class BucketWatch(FanOut):
         self.index = index
         self.is_last = is_last
         self.numel = buffer.numel()
-        self.nbytes = size.nbytes
-        self.wire_bytes = size.wire_bytes
-        self.wire = size.wire
+        self.resize(size)
         self.dtype = buffer.dtype
         self.algorithm = algorithm
         self.world_size = step.world_size
@@ -203,6 +203,16 @@ class BucketWatch(FanOut):
         self._cpu = None  # (thread, its CPU clock) at the first phase
         self.future = None
         self.explain = None
+
+    def resize(self, size: BucketBytes) -> None:
+        """The bucket's byte counts, once its executor knows them (a sparse bucket's once it is
+        coalesced, a foreign hook's once the hook said what it sent): before it finishes, on the
+        thread that runs it; read after it finished."""
+        self.size = size
+        self.nbytes = size.nbytes
+        self.wire_bytes = size.wire_bytes
+        self.wire = size.wire
+        self.kind = size.kind
 
     def watched_by(self, seen: tuple, observers: tuple[ExecutionObserver, ...]) -> None:
         """What each watcher's ``on_bucket`` returned (``seen``, in the watchers' order, ``None``

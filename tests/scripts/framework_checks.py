@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the repository, when not installed
@@ -40,8 +41,12 @@ RECIPES = ROOT / "train_examples" / "recipes"
 ALGORITHMS = ("none", "native", "ring")
 #: The run on a narrower wire: the ring's options, as a user passes them to the framework's door.
 WIRE_RUN, WIRE_OPTIONS = "ring_bf16", {"wire_dtype": "bf16", "error_feedback": True}
+#: The run with a user's own DDP hook through ours (``hook=``, issue 29): PyTorch's allreduce_hook,
+#: which divides first and all-reduces as DDP without a hook does, so its parameters are "none"'s.
+FOREIGN_RUN = "foreign"
 #: Every run: (name, algorithm, options); the ring last (later checks continue its trainer).
-RUNS = (("none", "none", {}), ("native", "native", {}), (WIRE_RUN, "ring", WIRE_OPTIONS), ("ring", "ring", {}))
+RUNS = (("none", "none", {}), ("native", "native", {}), (WIRE_RUN, "ring", WIRE_OPTIONS),
+        (FOREIGN_RUN, None, {"hook": allreduce_hook}), ("ring", "ring", {}))
 #: The torch.compile backend of the compiled Accelerate runs (see docs/frameworks.md, "torch.compile").
 COMPILE_BACKEND = os.environ.get("FRAMEWORK_CHECKS_COMPILE_BACKEND", "aot_eager")
 
@@ -69,7 +74,8 @@ def snapshot(model: torch.nn.Module) -> list[torch.Tensor]:
 
 def wire_facts(state) -> dict:
     """What the hook state made of the wire options, and a digest of the parameters (ranks compare)."""
-    return {"wire": state.algorithm_options.get("wire_dtype"), "error_feedback": state.plan.feedback is not None}
+    return {"wire": state.algorithm_options.get("wire_dtype"), "error_feedback": state.plan.feedback is not None,
+            "hook": state.hook.name if state.hook is not None else None}
 
 
 def parameters_digest(parameters: list[torch.Tensor]) -> str:

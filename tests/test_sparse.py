@@ -1,0 +1,192 @@
+"""Sparse gradient buckets (``nn.Embedding/EmbeddingBag(sparse=True)``, issue 33) on real gloo
+ranks: reduced with the group's sparse all-reduce, as PyTorch's ``allreduce_hook`` reduces them
+(bit for bit, whatever the algorithm), or densified through the schedule (``sparse="dense"``);
+every rank ends with the same bits; the telemetry counts their indices and values.
+
+One launch of three ranks serves every assertion.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests._dist import run_ranks
+from tests.conftest import digest
+
+STEPS = 3
+
+
+class SparseGradientModule(torch.nn.Module):
+    """PyTorch's own (test/distributed/test_c10d_common.py): a sparse EmbeddingBag, softmaxed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.EmbeddingBag(10, 10, sparse=True)
+
+    def forward(self, x):
+        return torch.nn.functional.softmax(self.embedding(x), dim=1)
+
+
+class Mixed(torch.nn.Module):
+    """A sparse embedding next to dense layers: sparse and dense buckets in one backward."""
+
+    def __init__(self, rows: int = 1000) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(rows, 16, sparse=True)
+        self.head = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+
+    def forward(self, tokens):
+        return self.head(self.embedding(tokens).mean(1))
+
+
+def _sparse_digest(tensor: torch.Tensor) -> str:
+    tensor = tensor.coalesce()
+    return digest(tensor.indices()) + digest(tensor.values()) + str(tuple(tensor.shape))
+
+
+def sparse_buckets(rank: int, world_size: int, directory: str) -> dict:
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ddp_ring_hooks
+
+    torch.set_num_threads(1)
+    results = {}
+
+    # 1. PyTorch's test_ddp_comm_hook_sparse_gradients (test_c10d_gloo.py), with our hook: the
+    #    whole batch on one process against each rank's share of it through DDP.
+    torch.manual_seed(1337)
+    vanilla = SparseGradientModule()
+    ddp = DDP(copy.deepcopy(vanilla))
+    state = ddp_ring_hooks.register(ddp, algorithm="ring")
+    mult = 2
+    batch = torch.randint(0, 10, [mult * world_size, 2], generator=torch.Generator().manual_seed(7))
+    target = torch.randint(0, 10, [mult * world_size], generator=torch.Generator().manual_seed(8))
+    criterion = torch.nn.CrossEntropyLoss()
+    criterion(vanilla(batch), target).backward()
+    criterion(ddp(batch.split(mult)[rank]), target.split(mult)[rank]).backward()
+    mine, theirs = next(ddp.parameters()).grad, next(vanilla.parameters()).grad
+    results["pytorch case"] = {
+        "sparse": mine.is_sparse, "shape": tuple(mine.shape),
+        "close": torch.allclose(mine.coalesce().to_dense(), theirs.coalesce().to_dense(), atol=1e-6, rtol=1e-5),
+    }
+    state.close()
+
+    # 2. A mixed model, several steps: ours (each algorithm; sparse="dense" too) against allreduce_hook.
+    def trained(setup, steps=STEPS, frozen=False):
+        torch.manual_seed(0)
+        net = Mixed()
+        if frozen:  # the embedding's gradients then depend on nothing the algorithm rounds differently
+            net.head.requires_grad_(False)
+        model = DDP(net, bucket_cap_mb=0.001)  # several dense buckets beside the sparse one
+        state = setup(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        generator = torch.Generator().manual_seed(rank)
+        grads = []
+        for _ in range(steps):
+            optimizer.zero_grad()
+            tokens = torch.randint(0, 1000, (4, 6), generator=generator)
+            model(tokens).square().mean().backward()
+            grads.append(model.module.embedding.weight.grad.clone())
+            optimizer.step()
+        # the embedding's averaged gradient at each step, and its table after them (the dense
+        # layers' buckets go through the algorithm: within rounding of allreduce_hook, not its bits)
+        return [*map(_sparse_digest, grads), digest(model.module.embedding.weight)], grads, state
+
+    reference, reference_grads, _ = trained(lambda m: m.register_comm_hook(None, allreduce_hook), frozen=True)
+    mixed_reference, _, _ = trained(lambda m: m.register_comm_hook(None, allreduce_hook), steps=1)
+    results["reference"] = reference
+    for name, options in (("ring", {}), ("tree", {}), ("native", {})):
+        ours, grads, state = trained(lambda m: ddp_ring_hooks.register(m, algorithm=name, **options), frozen=True)
+        state.close()
+        # with the dense buckets beside it in one backward: the first step's (the same parameters)
+        mixed, _, state = trained(lambda m: ddp_ring_hooks.register(m, algorithm=name, **options), steps=1)
+        results[name] = {"identical": ours == reference, "same": [a == b for a, b in zip(ours, reference)],
+                         "mixed": mixed[0] == mixed_reference[0], "sparse": all(g.is_sparse for g in grads),
+                         "digests": ours, "coalesced": all(g.is_coalesced() for g in grads)}
+        state.close()
+    dense, grads, state = trained(lambda m: ddp_ring_hooks.register(
+        m, sparse="dense", log_dir=f"{directory}/densified", trace_steps=(2, 3)), frozen=True)
+    results["dense"] = {
+        "digests": dense, "sparse": all(g.is_sparse and g.shape == (1000, 16) for g in grads),
+        "close": all(torch.allclose(g.coalesce().to_dense(), r.coalesce().to_dense(), atol=1e-6)
+                     for g, r in zip(grads, reference_grads)),
+        "summary": state.summary(),
+    }
+    state.close()
+
+    # 3. Telemetry with a sparse bucket in the step: TensorBoard, trace, summary, the straggler
+    #    gather and the stall watchdog (a short stall_after: it watches every bucket).
+    _, grads, state = trained(lambda m: ddp_ring_hooks.register(
+        m, log_dir=f"{directory}/gathered", trace_steps=(2, 3), spread_every=1, stall_after=30.0))
+    results["gathered"] = {"summary": state.summary(), "nnz": [g.coalesce()._nnz() for g in grads]}
+    state.close()
+
+    # 4. Ranks that would reduce the sparse bucket different ways (gathered on rank 0, densified on
+    #    the others) are stopped by the layout check, on every rank, before anything waits forever.
+    from ddp_ring_hooks.hooks.layout_check import BucketLayoutMismatchError
+
+    try:
+        trained(lambda m: ddp_ring_hooks.register(m, sparse="gather" if rank == 0 else "dense"), steps=1)
+    except BucketLayoutMismatchError as error:
+        results["mismatch"] = str(error)
+    dist.barrier()
+    return results
+
+
+@pytest.fixture(scope="module")
+def sparse_runs(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("sparse")
+    return directory, run_ranks(sparse_buckets, 3, str(directory), timeout=180)
+
+
+def test_pytorchs_sparse_hook_case_passes_with_our_hook(sparse_runs):
+    for found in sparse_runs[1]:
+        case = found["pytorch case"]
+        assert case["sparse"] and case["shape"] == (10, 10) and case["close"]
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "native"])
+def test_a_sparse_bucket_is_allreduce_hooks_bit_for_bit_whatever_the_algorithm(sparse_runs, algorithm):
+    for found in sparse_runs[1]:
+        assert found[algorithm]["sparse"], "the gradient DDP left is not sparse"
+        assert found[algorithm]["identical"], (algorithm, found[algorithm]["same"])
+        assert found[algorithm]["mixed"], f"{algorithm}: with dense buckets beside it, not allreduce_hook's"
+    assert len({tuple(found[algorithm]["digests"]) for found in sparse_runs[1]}) == 1
+
+
+def test_densified_sparse_buckets_are_sparse_again_and_identical_on_every_rank(sparse_runs):
+    for found in sparse_runs[1]:
+        assert found["dense"]["sparse"] and found["dense"]["close"]
+        assert "sparse, densified" in found["dense"]["summary"]
+    assert len({tuple(found["dense"]["digests"]) for found in sparse_runs[1]}) == 1
+
+
+def test_a_sparse_buckets_telemetry_counts_its_indices_and_values(sparse_runs):
+    from tests.test_foreign import _traced_buckets
+    from tests.test_frameworks import scalars
+
+    directory, results = sparse_runs
+    buckets = _traced_buckets(directory / "gathered")
+    sparse = [b for b in buckets if b["kind"] == "sparse"]
+    assert sparse and {b["kind"] for b in buckets} == {"sparse", "dense"}
+    for b in sparse:
+        # rank 0's coalesced rows: nnz of them, a 16-float row and one int64 index each
+        assert b["bytes"] == b["nnz"] * (16 * 4 + 8) and b["wire_bytes"] == 2 * b["bytes"]  # (p - 1) x its bytes
+        assert b["bytes"] < b["numel"] * 4  # not numel() * element_size(): the rows it did not touch are not sent
+    tags = scalars(directory / "gathered")
+    index = sparse[0]["index"]
+    assert f"comm/bucket_{index}/nnz" in tags and f"comm/bucket_{index}/sparse-all-reduce_ms" in tags
+    assert "comm/ranks/straggler_rank" in tags  # the gather ran with a sparse bucket in the step
+    assert "sparse, gathered: nnz p50" in results[0]["gathered"]["summary"]
+    assert "densified" in {b["kind"] for b in _traced_buckets(directory / "densified")}
+
+
+def test_ranks_reducing_a_sparse_bucket_different_ways_are_stopped_by_the_layout_check(sparse_runs):
+    for found in sparse_runs[1]:
+        message = found.get("mismatch", "")
+        assert "kind of bucket" in message and "sparse=" in message, message

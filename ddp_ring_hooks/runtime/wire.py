@@ -44,14 +44,10 @@ from dataclasses import dataclass
 import torch
 
 from ..schedules import WIRE_DTYPE, wire_of
-from ..schedules.wire import short_name
+from ..schedules.wire import DENSE, DENSIFIED, FOREIGN, SPARSE, short_name
 
 #: The torch dtype of each narrower wire dtype's name (``fp32`` means "as the bucket is").
 NARROW_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-#: The kinds of bucket (chosen with the executor, ``hooks/executors.py``).
-DENSE, SPARSE, DENSIFIED, FOREIGN = "dense", "sparse", "densified", "foreign"
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,12 @@ from collections.abc import Mapping
 
 from .registry import Option
 
+#: The kinds of bucket, by what its transfers carry (chosen with the executor,
+#: ``hooks/executors.py``; counted by ``runtime/wire.py``): the schedule's dense transfers,
+#: the group's sparse all-reduce, a sparse bucket densified through the schedule, or a user's
+#: own hook. Names only, here below torch, so the records and the summary can read them.
+DENSE, SPARSE, DENSIFIED, FOREIGN = "dense", "sparse", "densified", "foreign"
+
 #: The wire dtypes by name, with bytes per element.
 WIRE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 #: "As the bucket is": the default, no cast.

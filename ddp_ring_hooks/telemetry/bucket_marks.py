@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..runtime.wire import SPARSE
+from ..schedules.wire import SPARSE
 from .records import BucketRecord, StepRecord, bandwidths_GBps, busy_ms
 
 

@@ -7,8 +7,7 @@ import collections
 import math
 from collections.abc import Iterable
 
-from ..runtime.wire import DENSE, DENSIFIED, SPARSE
-from ..schedules.wire import short_name
+from ..schedules.wire import DENSE, DENSIFIED, SPARSE, short_name
 from .records import Record, StepRecord
 from .sinks import Sink
 

@@ -321,13 +321,23 @@ def _train_and_advise(rank: int, world_size: int, log_dir: str):
     state.close()
     grads = [p.grad for p in model.parameters()]
     probe = state.plan.probed[1]
-    return advice, torch.cat([torch.zeros(1)] + [g.flatten() for g in grads if g is not None]), probe
+    # By default the probe runs only for a run whose timeline is written (a log_dir, on any rank).
+    probed = {}
+    for case, options in {"no log_dir": {}, "log_dir on rank 0 only": {"log_dir": log_dir + "_rank0"} if rank == 0 else {},
+                          "asked, no log_dir": {"network_probe": True}}.items():
+        other = ddp_ring_hooks.register(DistributedDataParallel(torch.nn.Linear(8, 8)), **options)
+        probed[case] = other.plan.probed is not None
+        other.close()
+    return advice, torch.cat([torch.zeros(1)] + [g.flatten() for g in grads if g is not None]), (probe, probed)
 
 
 def test_two_ranks_then_advise_json_reads_the_log_dir(tmp_path):
     log_dir = str(tmp_path / "run")
-    (advice, grads0, probe0), (_, grads1, probe1) = run_ranks(_train_and_advise, 2, log_dir, timeout=180)
+    (advice, grads0, (probe0, probed0)), (_, grads1, (probe1, probed1)) = run_ranks(
+        _train_and_advise, 2, log_dir, timeout=180)
     probes = [probe0, probe1]
+    expected = {"no log_dir": False, "log_dir on rank 0 only": True, "asked, no log_dir": True}
+    assert probed0 == probed1 == expected
     assert grads0.equal(grads1)
     assert advice["run"]["accumulate"] == 2 and advice["run"]["world_size"] == 2
     assert advice["run"]["steps"] == 6  # 8 steps: the first is DDP's single bucket, the last never ends
@@ -767,7 +777,8 @@ def test_network_probe_takes_true_or_false():
     from ddp_ring_hooks.hooks.options import check_register_options
 
     check_register_options(network_probe=False)
-    with pytest.raises(ValueError, match="network_probe must be True or False .*got 'no'"):
+    check_register_options(network_probe=None)
+    with pytest.raises(ValueError, match="network_probe must be None .* True .* or False .*got 'no'"):
         check_register_options(network_probe="no")
 
 

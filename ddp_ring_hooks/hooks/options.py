@@ -65,15 +65,16 @@ DEFAULT_ALGORITHM = "ring"
 
 def sort_options(
     algorithm: str | None, algorithm_options: Mapping[str, object] | None, keywords: Mapping[str, object], *,
-    check_layout_steps: int, concurrent_buckets: int, error_feedback: bool = False, network_probe: bool = True,
+    check_layout_steps: int, concurrent_buckets: int, error_feedback: bool = False, network_probe: bool | None = None,
     sparse: str = "gather", hook=None, hook_state=None, wire_bytes=None,
 ) -> SortedOptions:
     """Check everything ``HookState`` was given that can be checked without a process group
     (``algorithm=None``: the ring, or nothing with ``hook=``)."""
     check_counts(check_layout_steps=check_layout_steps, concurrent_buckets=concurrent_buckets)
-    if not isinstance(network_probe, bool):
-        raise ValueError(f"network_probe must be True or False (whether to probe the network for the advisor "
-                         f"when the hook is registered), got {network_probe!r}")
+    if network_probe not in (None, True, False):
+        raise ValueError(f"network_probe must be None (the default: probe the network for the advisor when the "
+                         f"run's timeline is written, with a log_dir), True (always) or False (never), "
+                         f"got {network_probe!r}")
     check_sparse(sparse)
     telemetry = {name: keywords[name] for name in TELEMETRY_OPTIONS if name in keywords}
     given = _merged(algorithm_options, {name: value for name, value in keywords.items() if name not in telemetry})
@@ -94,7 +95,7 @@ def sort_options(
 def check_register_options(
     *, algorithm: str | None = None, algorithm_options: Mapping[str, object] | None = None, telemetry=None,
     check_layout_steps: int = 2, concurrent_buckets: int = 2, observers=(), device=None, process_group=None,
-    error_feedback: bool = False, network_probe: bool = True, sparse: str = "gather", hook=None, hook_state=None,
+    error_feedback: bool = False, network_probe: bool | None = None, sparse: str = "gather", hook=None, hook_state=None,
     wire_bytes=None, **options,
 ) -> None:
     """Everything ``register`` (and so ``HookState``) would be given, checked now, without a

@@ -12,7 +12,8 @@ Built when the state is, on every rank of the group at once (collective):
    ``native``), and hold it until :meth:`Plan.release`.
 
 3. **Probe** the network for the advisor, when :func:`~ddp_ring_hooks.register` attaches the
-   hook (:meth:`Plan.probe_network`, collective; ``network_probe=False`` turns it off): the run's
+   hook (:meth:`Plan.probe_network`, collective; by default only when the run's timeline is
+   written to a ``log_dir``, where ``advise`` reads it; ``True``: always, ``False``: never): the run's
    algorithm timed at a few sizes (:mod:`~ddp_ring_hooks.runtime.network_probe`).
 
 With ``hook=`` (a user's own DDP hook, :mod:`.foreign`) there is nothing to settle or prepare:
@@ -54,7 +55,8 @@ class Plan:
     ``options``: the algorithm's resolved options (``auto``: its own and its candidates');
     ``selector``: ``auto``'s calibrated chooser, ``None`` otherwise; ``feedback``: every bucket's
     rounding residual (``error_feedback=True``, checked by :func:`~.options.sort_options`), ``None``
-    otherwise; ``network_probe``: whether :meth:`probe_network` measures (``register`` calls it);
+    otherwise; ``network_probe``: whether :meth:`probe_network` measures (``register`` calls it; ``None``: when the
+    timeline is recorded);
     ``foreign``: the user's own hook (``hook=``; then ``algorithm`` is ``None``); ``sparse``: what a
     sparse bucket goes through (``"gather"`` or ``"dense"``)."""
 
@@ -66,7 +68,7 @@ class Plan:
     def __init__(
         self, group: dist.ProcessGroup | None, algorithm: str | None, options: dict, *,
         device: torch.device | str | None = None, feedback: ErrorFeedback | None = None,
-        network_probe: bool = True, foreign: ForeignHook | None = None, sparse: str = "gather",
+        network_probe: bool | None = None, foreign: ForeignHook | None = None, sparse: str = "gather",
     ) -> None:
         self.algorithm = algorithm
         self.device = None if device is None else torch.device(device)
@@ -134,14 +136,17 @@ class Plan:
             )
         return self.feedback.prepare(bucket, buffer, parameters, is_last=is_last)
 
-    def probe_network(self, group: dist.ProcessGroup | None) -> tuple[str, tuple[ProbeSample, ...]] | None:
+    def probe_network(self, group: dist.ProcessGroup | None, *,
+                      recorded: bool) -> tuple[str, tuple[ProbeSample, ...]] | None:
         """``(algorithm, samples)``: the network probe for the advisor (collective: every rank of
-        the group calls it, as ``register`` does), or ``None``: turned off, one rank, or not on the
-        CPU (the advisor reads CPU runs only). ``auto`` is probed as the ring it is priced as, on
+        the group calls it, as ``register`` does), or ``None``: not wanted by any rank (``network_probe``
+        ``False``, or ``None`` and the timeline not ``recorded`` to a ``log_dir`` for ``advise``),
+        one rank, or not on the CPU (the advisor reads CPU runs only). ``auto`` is probed as the ring it is priced as, on
         its wire."""
         group = context_of(group).group
-        if not self.network_probe or group.size() < 2 or device_of(group, self.device).type != "cpu":
+        if group.size() < 2 or device_of(group, self.device).type != "cpu":
             return None
+        wanted = self.network_probe is True or (self.network_probe is None and recorded)
         if self.foreign is not None:
             algorithm, options = self.FOREIGN_PROBED_AS, {}
         elif self.selector is None:
@@ -149,7 +154,7 @@ class Plan:
         else:
             algorithm = self.AUTO_PROBED_AS
             options = resolve_options(algorithm, options_for(algorithm, self.options))
-        samples = probe_network(group, algorithm=algorithm, options=options, device=self.device)
+        samples = probe_network(group, algorithm=algorithm, options=options, device=self.device, wanted=wanted)
         self.probed = (algorithm, samples) if samples else None  # () : the ranks disagree (the layout check says how)
         return self.probed
 
@@ -188,5 +193,5 @@ class Plan:
                 "sparse": self.sparse}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update({"network_probe": True, **state, "probed": None})
+        self.__dict__.update({"network_probe": None, **state, "probed": None})
         self._context = None

@@ -30,8 +30,9 @@ def register(
     ``hook=``, the one in its ``hook_state``). ``options`` go to :class:`HookState`:
     the algorithm's own options (e.g. ``local_size=`` for hierarchical; ``wire_dtype="bf16"``,
     every algorithm's, for half the bytes on the wire), ``error_feedback=True`` (with a narrower
-    wire: what rounding lost goes back in at the next step), ``network_probe=False`` (no probe
-    of the network for the advisor when the hook is attached), ``sparse="dense"`` (sparse
+    wire: what rounding lost goes back in at the next step), ``network_probe`` (a probe of the
+    network for the advisor when the hook is attached: by default when a ``log_dir`` is given,
+    ``True`` always, ``False`` never), ``sparse="dense"`` (sparse
     gradients through the algorithm as dense tensors; by default the group's sparse all-reduce),
     ``check_layout_steps``, ``concurrent_buckets``, ``observers``; or, instead of an algorithm,
     ``hook=`` (your own DDP hook, with ``hook_state=``, run unchanged and timed); and the
@@ -86,8 +87,9 @@ def register(
         validate_sparse(ddp_model.module, state.group, densify=state.plan.densifies,
                         feedback=state.plan.feedback is not None)
     ddp_model.register_comm_hook(state, ring_hook)
-    # Every rank meets here: the advisor's network probe (off with network_probe=False).
-    probed = state.plan.probe_network(state.group)
+    # Every rank meets here: the advisor's network probe (when a rank records the timeline for
+    # `advise`, or asked with network_probe=True; never with False).
+    probed = state.plan.probe_network(state.group, recorded=state.observation.timeline.log_dir is not None)
     state.observation.attach(
         ddp_model, algorithm=foreign.name if foreign is not None else state.algorithm,
         concurrent_buckets=state.concurrent_buckets, group=state.group,

@@ -97,8 +97,10 @@ class HookState(Reports, Checkpointing):
         network_probe: when :func:`~ddp_ring_hooks.register` attaches the hook, time the
             algorithm at a few sizes on every rank (a short collective probe, a fraction of a
             second: ``docs/advisor.md``), so the advisor knows the network's α and β from the run
-            itself (:mod:`~ddp_ring_hooks.runtime.network_probe`; default ``True``; ``False``: the
-            advisor fits the run's own buckets and says so).
+            itself (:mod:`~ddp_ring_hooks.runtime.network_probe`). Default ``None``: when any rank
+            writes the run's timeline (a ``log_dir``: what ``advise`` reads); ``True``: always (for a
+            live ``state.advise()`` without files); ``False``: never (the advisor then fits the run's
+            own buckets and says so).
         concurrent_buckets: on CPU, how many buckets may be reduced at the same time, each on
             a worker thread of its own (default 2; 1 reduces them strictly one after the other).
             With ``observers``, buckets always run one at a time: an observer sees whole
@@ -161,7 +163,7 @@ class HookState(Reports, Checkpointing):
         concurrent_buckets: int = 2,
         device: torch.device | str | None = None,
         error_feedback: bool = False,
-        network_probe: bool = True,
+        network_probe: bool | None = None,
         sparse: str = "gather",
         hook: Callable | None = None,
         hook_state: object = None,

@@ -54,18 +54,21 @@ OTHER_WIRE = "bf16"
 
 def probe_network(
     group: dist.ProcessGroup | None, *, algorithm: str, options: Mapping[str, object],
-    device: torch.device | str | None = None,
+    device: torch.device | str | None = None, wanted: bool = True,
 ) -> tuple[ProbeSample, ...]:
     """Time ``algorithm`` (with its resolved ``options``) at :data:`PROBE_SIZES` on its own
     wire and at :data:`WIRE_SIZES` on the other (see the module docstring). Collective: every
     rank of ``group`` calls it and gets the same samples; ``()`` on every rank when the ranks'
-    arguments differ (checked first, with one all-gather of a fingerprint)."""
+    arguments differ (checked first, with one all-gather of a fingerprint), or when no rank
+    ``wanted`` it (the same all-gather: ranks that differ on it, e.g. a ``log_dir`` on rank 0
+    only, still agree, and probe if any rank asked)."""
     device = device_of(group, device)
     # Ranks given different options (a wire dtype on one rank only) would send messages of
     # different sizes, which gloo cannot survive: they are not probed, and the layout check at
     # the first step names the difference (as it would without a probe).
     fingerprint = zlib.crc32(repr((algorithm, sorted((k, repr(v)) for k, v in options.items()))).encode())
-    if len({row[0] for row in all_gather_ints([fingerprint], group, device=device)}) > 1:
+    rows = all_gather_ints([fingerprint, int(wanted)], group, device=device)
+    if not any(row[1] for row in rows) or len({row[0] for row in rows}) > 1:
         return ()
     other = AS_IS if is_narrow(options) else OTHER_WIRE
     samples = []

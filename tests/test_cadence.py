@@ -115,6 +115,18 @@ def test_diagnose_is_the_gather_and_the_links_at_auto():
         TelemetryOptions(spread_every="often")
 
 
+@pytest.mark.fast
+def test_diagnose_records_buckets_at_its_cadence_unless_told_otherwise():
+    assert TelemetryOptions().log_every == 1
+    assert TelemetryOptions(diagnose=True).log_every == "auto"  # the gathered steps, not every step
+    assert TelemetryOptions(diagnose=True, log_every=1).log_every == 1  # a given log_every is kept
+    assert TelemetryOptions(spread_every=3, log_every="auto").log_every == "auto"
+    with pytest.raises(ValueError, match="log_every='auto' records the steps that gather .* pass spread_every=N"):
+        TelemetryOptions(log_every="auto")
+    with pytest.raises(ValueError, match="log_every must be a positive integer"):
+        TelemetryOptions(log_every=0)
+
+
 def test_diagnose_is_taken_at_every_door_and_refused_there_when_wrong():
     from ddp_ring_hooks.hooks.options import check_register_options
 

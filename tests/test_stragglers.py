@@ -121,6 +121,8 @@ def test_diagnose_names_the_straggler_within_the_warm_up_and_blames_no_link(tmp_
     scalars = _scalars(str(tmp_path))
     gaps = scalars["comm/diagnosis/gather_every"]
     assert set(gaps) == {r.step for r in records}  # a decision at every gathered step
+    # diagnose=True records the buckets at its cadence too: the gathered steps, no others
+    assert set(scalars["comm/bucket_0/time_ms"]) == {r.step for r in records}
     # The steps gathered after the warm-up follow the gaps decided LAG gathers before.
     from ddp_ring_hooks.telemetry.cadence import LAG
 

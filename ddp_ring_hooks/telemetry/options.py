@@ -63,7 +63,9 @@ class TelemetryOptions:
     Args:
         log_dir: write TensorBoard events, the trace and the advisor's ``timeline.jsonl`` here;
             the group's rank 0 only unless ``per_rank``.
-        log_every: observe every N-th optimizer step (1: every step).
+        log_every: observe every N-th optimizer step (1: every step, the default), or
+            ``"auto"``: the steps that gather (``spread_every``), the default with ``diagnose=True``,
+            so the per-bucket records cost no more often than the gather the cadence prices.
         trace_steps: steps for a Chrome/Perfetto trace ``log_dir/comm_trace.json``: a
             ``(start, stop)`` pair of optimizer steps (``stop`` excluded) or a count N, which
             means the N steps after the first (step 1 runs DDP's provisional bucket layout).
@@ -103,7 +105,7 @@ class TelemetryOptions:
     """
 
     log_dir: str | os.PathLike | None = None
-    log_every: int = 1
+    log_every: int | str | None = None
     trace_steps: int | tuple[int, int] | range | None = None
     per_rank: bool = False
     spread_every: int = 0
@@ -119,9 +121,11 @@ class TelemetryOptions:
         if _diagnose(self.diagnose):  # the one switch: the gather and the links, at "auto"
             object.__setattr__(self, "spread_every", self.spread_every or AUTO)
             object.__setattr__(self, "links", True)
+        if self.log_every is None:  # diagnose's records at its cadence, not every step
+            object.__setattr__(self, "log_every", AUTO if self.diagnose else 1)
         checked = {
             "log_dir": _writable_log_dir(self.log_dir),
-            "log_every": _positive_int("log_every", self.log_every),
+            "log_every": _log_every(self.log_every, self.spread_every),
             "trace_steps": _trace_window(self.trace_steps, self.log_dir),
             "per_rank": _per_rank(self.per_rank, self.log_dir),
             "spread_every": _cadence(self.spread_every),
@@ -174,6 +178,15 @@ def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def _log_every(log_every, spread_every) -> int | str:
+    if log_every != AUTO:
+        return _positive_int("log_every", log_every)
+    if not spread_every:
+        raise ValueError("log_every='auto' records the steps that gather across ranks, and none do: "
+                         "pass spread_every=N (or 'auto'), diagnose=True, or an integer log_every")
+    return AUTO
 
 
 def _cadence(spread_every) -> int | str:

@@ -46,7 +46,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from .bucket_marks import step_record
-from .cadence import Cadence
+from .cadence import AUTO, Cadence
 from .options import TelemetryOptions, check_sink, collect_telemetry_options, group_log_dir
 from .records import Record, Text
 from .sinks import Sink, TensorBoardSink
@@ -112,6 +112,8 @@ class Telemetry(Watcher):
         self._routes = (*self._routes, (sink, steps or self._is_log_step))
 
     def _is_log_step(self, step: int) -> bool:
+        if self.options.log_every == AUTO:  # the gathered steps (diagnose=True's default)
+            return self._is_spread_step(step)
         return step % self.options.log_every == 0
 
     def _is_spread_step(self, step: int) -> bool:

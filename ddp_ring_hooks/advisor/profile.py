@@ -32,9 +32,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..telemetry.timeline_records import TimelineRecord, TimelineRun, TimelineStep
 from ..schedules import wire_of
-from .replay import busy_ms
+from ..telemetry.records import busy_ms
+from ..telemetry.timeline_records import TimelineRecord, TimelineRun, TimelineStep
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..telemetry.records import busy_ms
+
 
 @dataclass(frozen=True)
 class BucketCost:
@@ -80,17 +82,6 @@ class Replayed:
     def queue_ms(self) -> tuple[float, ...]:
         """Each bucket's wait from hand-over to start (behind earlier buckets on its lane)."""
         return tuple(start - handed for start, handed in zip(self.starts, self.handed))
-
-
-def busy_ms(intervals, *, until: float = float("inf")) -> float:
-    """Length of the union of ``(start, end)`` intervals, counted up to ``until``."""
-    busy, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        start, end = max(start, reach), min(end, until)
-        if end > start:
-            busy += end - start
-        reach = max(reach, end)
-    return busy
 
 
 def replay(ready_ms: Sequence[float], costs: Sequence[BucketCost], *, lanes: int, backward_ms: float) -> Replayed:

@@ -53,13 +53,15 @@ def all_reduce_bus_factor(world_size: int) -> float:
     return 2.0 * (world_size - 1) / world_size
 
 
-def busy_ms(intervals) -> float:
-    """Length of the union of ``(start_ms, end_ms)`` intervals: time when at least one ran."""
+def busy_ms(intervals, *, until: float = float("inf")) -> float:
+    """Length of the union of ``(start_ms, end_ms)`` intervals: time when at least one ran,
+    counted up to ``until`` (the advisor's replay: what backward hides)."""
     busy, reach = 0.0, float("-inf")
     for start, end in sorted(intervals):
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
+        start, end = max(start, reach), min(end, until)
+        if end > start:
+            busy += end - start
+        reach = max(reach, end)
     return busy
 
 

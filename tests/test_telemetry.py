@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import pickle
+import re
 
 import pytest
 
@@ -127,9 +128,14 @@ def test_tensorboard_tags_steps_bytes_and_busbw(trained):
         # The last bucket's own time is part of what backward could not hide.
         assert scalars["comm/step/exposed_ms"][step] >= bucket_times[-1] * (1 - 1e-4)
         assert scalars["__histograms__"]["comm/step/bucket_time_ms"][step] == len(indices)
+        # Communication counts from the hand-overs, as exposed does: it holds exposed and what
+        # was in flight, and its excess over in flight is the buckets' queue.
+        comm = scalars["comm/step/comm_ms"][step]
+        assert comm >= scalars["comm/step/exposed_ms"][step] * (1 - 1e-6)
+        assert comm >= total * (1 - 1e-6)
     # Bucket and step tags only on logged steps; the spread only on spread steps.
     for tag in ("comm/bucket_0/time_ms", "comm/bucket_0/bytes", "comm/bucket_0/busbw_GBps",
-                "comm/step/total_ms", "comm/step/exposed_ms"):
+                "comm/step/total_ms", "comm/step/comm_ms", "comm/step/exposed_ms"):
         assert sorted(scalars[tag]) == logged, tag
     spread_steps = [step for step in range(1, STEPS + 1) if step % SPREAD_EVERY == 0]
     assert sorted(scalars["comm/ranks/total_ms_spread"]) == spread_steps
@@ -210,6 +216,48 @@ def test_summary_lists_every_bucket_size(trained):
         for key, (count, p50, p90, worst) in rows.items():
             assert count == logged.count(key)
             assert 0 < p50 <= p90 <= worst
+        assert_step_line_never_contradicts(summary)
+
+
+def assert_step_line_never_contradicts(summary: str) -> None:
+    """The summary's step line names communication, exposed and in flight, and exposed is never
+    more than communication (both from the hand-overs; the glossary of docs/telemetry.md)."""
+    (line,) = [line for line in summary.splitlines() if line.startswith("  step: ")]
+    numbers = {name: [float(v) for v in re.findall(rf"{name} p50 ([\d.]+) ms, p90 ([\d.]+) ms", line)[0]]
+               for name in ("communication", "exposed", "in flight")}
+    assert "queue included" in line and "no queue" in line, line
+    for quantile in (0, 1):
+        assert numbers["exposed"][quantile] <= numbers["communication"][quantile], line
+        assert numbers["in flight"][quantile] <= numbers["communication"][quantile], line
+
+
+@pytest.mark.fast
+def test_a_queued_last_bucket_is_exposed_and_communication_but_not_in_flight():
+    """The case that read "exposed 37.2 > total 36.8 ms" (issue 31): the last bucket waits 4 ms
+    behind the one before it, so 4 ms of exposed time were never in flight. The summary's
+    communication counts from the hand-over, so it holds exposed, and names the queue."""
+    from ddp_ring_hooks.telemetry.records import BucketRecord, StepRecord
+    from ddp_ring_hooks.telemetry.summary import SummaryTable
+
+    def bucket(index, handed, start, end):
+        return BucketRecord(step=2, index=index, nbytes=4096, numel=1024, dtype="float32", algorithm="ring",
+                            world_size=2, queue_ms=start - handed, time_ms=end - start, phases_ms={},
+                            algbw_GBps=0.0, busbw_GBps=0.0, start_ms=start)
+
+    # bucket 0 handed at 0 ms, runs 0-10; bucket 1 (the last) handed at 6 ms, queued until 10, runs 10-14.
+    buckets = (bucket(0, 0.0, 0.0, 10.0), bucket(1, 6.0, 10.0, 14.0))
+    record = StepRecord(step=2, buckets=buckets, total_ms=14.0, exposed_ms=14.0 - 6.0, num_buckets=2)
+    assert record.comm_ms == 14.0 and record.exposed_ms == 8.0
+    table = SummaryTable()
+    table.write(record)
+    assert_step_line_never_contradicts(table.render())
+    # The last bucket handed at 3 ms but started at 6 (the hook's start-up): 5 ms exposed, 4 ms in flight.
+    late = (bucket(0, 0.0, 0.0, 2.0), bucket(1, 3.0, 6.0, 8.0))
+    record = StepRecord(step=3, buckets=late, total_ms=4.0, exposed_ms=5.0, num_buckets=2)
+    assert record.exposed_ms > record.total_ms and record.comm_ms == 7.0
+    table = SummaryTable()
+    table.write(record)
+    assert_step_line_never_contradicts(table.render())
 
 
 @pytest.mark.fast

@@ -285,8 +285,8 @@ def format_advice(advice: dict) -> str:
         f"run: {run['world_size']} ranks, {run['algorithm']}, accumulate {run['accumulate']}, bucket cap {cap}, "
         f"{len(model['buckets'])} buckets, {run['steps']} steps measured",
         f"  step {run['step_ms']:.1f} ms = compute {run['compute_ms']:.1f} ms + exposed communication "
-        f"{run['exposed_ms']:.1f} ms; communication in flight {run['comm_ms']:.1f} ms; contention "
-        f"of hidden communication ~{model['contention_ms']:.1f} ms",
+        f"{run['exposed_ms']:.1f} ms; communication {run['comm_ms']:.1f} ms (from the hand-overs, queue included: "
+        f"exposed is its part after backward); contention of hidden communication ~{model['contention_ms']:.1f} ms",
         f"  network: {model['network']['source']}",
         "",
     ]

@@ -31,8 +31,15 @@ workers, up to ``concurrent_buckets`` at once, while backward goes on computing)
     bucket 1               h1 ....q.... [== rs ==|== ag ==] q = queue_ms, [..] = time_ms
                                                  ^ last bucket handed   ^ last bucket reduced
                                                  |<---- exposed_ms ---->|
-    total_ms = the time at least one bucket was in flight (the buckets' time_ms where they do
-               not overlap: the sum when they run one after another)
+              |<---------------------- comm_ms ------------------------>|
+    comm_ms  = communication: the time at least one bucket was handed over and not yet reduced
+               (each bucket from its hand-over to its end, queue included), the same start as
+               exposed_ms, so exposed_ms <= comm_ms always
+    total_ms = in flight: the time at least one bucket was transferring (the buckets' time_ms
+               where they do not overlap: the sum when they run one after another; no queue)
+
+One vocabulary for these words in the summary, TensorBoard, the trace and ``advise``: the
+glossary of ``docs/telemetry.md``.
 """
 
 from __future__ import annotations
@@ -134,9 +141,12 @@ class StepRecord:
     """All buckets of one optimizer step on one rank, and what they add up to.
 
     ``total_ms`` is the time at least one bucket was in flight (:func:`busy_ms` of their
-    intervals: the sum of their ``time_ms`` when they do not overlap); ``exposed_ms`` runs from
-    the moment the last bucket was handed to the hook (backward has produced every gradient)
-    to the moment the last bucket finished: the communication that backward could not hide. ``dropped`` is how
+    intervals: the sum of their ``time_ms`` when they do not overlap; queues excluded);
+    ``exposed_ms`` runs from the moment the last bucket was handed to the hook (backward has
+    produced every gradient) to the moment the last bucket finished: the communication that
+    backward could not hide; :attr:`comm_ms` (communication) counts from each bucket's
+    hand-over, so it holds ``exposed_ms`` whole (``total_ms`` may not: the last bucket's queue
+    is exposed but not in flight). ``dropped`` is how
     many step records the recorder had dropped (queue full) when this one was queued.
     What every rank did in the same step is a :class:`RankArrivals`, recorded separately
     (it is gathered across ranks after the step, off the training path).
@@ -149,6 +159,15 @@ class StepRecord:
     num_buckets: int
     rank: int = 0
     dropped: int = 0
+
+    @property
+    def comm_ms(self) -> float:
+        """Communication: the time at least one bucket was handed over and not yet reduced
+        (:func:`busy_ms` of each bucket's hand-over to its end, its queue included). It starts
+        where ``exposed_ms`` starts, so it is never smaller (the last hand-over to the last end
+        lies inside the bucket that ended last, handed over no later)."""
+        spans = [(b.start_ms - b.queue_ms, b.start_ms + b.time_ms) for b in self.buckets]
+        return busy_ms(spans)
 
 
 class Record:

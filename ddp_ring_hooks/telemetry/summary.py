@@ -22,6 +22,9 @@ class SummaryTable(Sink):
     of the bytes crossed the links ("bf16 on the wire: 0.50x the bytes"; busbw counts those).
     A sparse bucket's bytes change with every batch (the rows it touched): it has one row, its
     bytes their median, marked as gathered with its median ``nnz``; a densified one is marked too.
+    The step line: communication (from each bucket's hand-over, queue included), exposed (after
+    backward handed its last bucket: never more than communication) and in flight (transfers
+    only), the words of ``docs/telemetry.md``'s glossary.
     """
 
     def __init__(self, window: int = 4096) -> None:
@@ -29,6 +32,7 @@ class SummaryTable(Sink):
         self._rows: dict[tuple[int, int, str], _Row] = {}
         self._steps = _Row(window)
         self._exposed = _Row(window)
+        self._comm = _Row(window)
         self._last: StepRecord | None = None
         self._first_step_keys: set[tuple[int, int, str]] = set()
         self._wire: dict[str, list[int]] = {}  # per wire dtype: [bytes of the buckets, bytes on the wire]
@@ -51,6 +55,7 @@ class SummaryTable(Sink):
         if record.buckets:
             self._steps.add(record.total_ms, 0.0, 0.0)
             self._exposed.add(record.exposed_ms, 0.0, 0.0)
+            self._comm.add(record.comm_ms, 0.0, 0.0)
             self._last = record
 
     def write_record(self, record: Record) -> None:
@@ -78,9 +83,13 @@ class SummaryTable(Sink):
                 f"{row.time(0.9):>9.3f} {row.max_time:>9.3f} {row.queue(0.5):>9.3f} {row.busbw(0.5):>14.3f}"
                 + (FIRST_STEP_NOTE if self._first_step_only((index, nbytes, dtype), row) else row.note())
             )
+        # Communication and exposed both count from the hand-over (exposed never exceeds it);
+        # in flight leaves the queues out: the glossary of docs/telemetry.md.
         lines.append(
-            f"  step: total p50 {self._steps.time(0.5):.3f} ms, p90 {self._steps.time(0.9):.3f} ms; "
-            f"exposed p50 {self._exposed.time(0.5):.3f} ms, p90 {self._exposed.time(0.9):.3f} ms"
+            f"  step: communication p50 {self._comm.time(0.5):.3f} ms, p90 {self._comm.time(0.9):.3f} ms "
+            f"(from the hand-overs, queue included); exposed p50 {self._exposed.time(0.5):.3f} ms, "
+            f"p90 {self._exposed.time(0.9):.3f} ms; in flight p50 {self._steps.time(0.5):.3f} ms, "
+            f"p90 {self._steps.time(0.9):.3f} ms (transfers only, no queue)"
         )
         lines += [
             f"  {short_name(wire)} on the wire: {on_wire / nbytes:.2f}x the bytes (busbw counts the bytes on the wire)"

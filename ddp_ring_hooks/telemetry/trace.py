@@ -153,7 +153,8 @@ def trace_events(records: Iterable[StepRecord]) -> list[dict]:
             name_track(pid, EXPOSED_TID, "exposed")
             end_ms = max(b.start_ms + b.time_ms for b in record.buckets)  # the last to finish
             events.append(slice_event(f"exposed step {record.step}", pid, EXPOSED_TID, end_ms - record.exposed_ms,
-                                      record.exposed_ms, {"total_ms": record.total_ms, "num_buckets": record.num_buckets}))
+                                      record.exposed_ms, {"comm_ms": record.comm_ms, "total_ms": record.total_ms,
+                                       "num_buckets": record.num_buckets}))
     return events
 
 

@@ -284,8 +284,18 @@ def test_the_table_marks_the_runs_own_rows_and_explains_the_explicit_cap_of_its_
 
 @pytest.mark.fast
 def test_too_few_steps_and_gpu_timelines_are_clear_errors():
-    with pytest.raises(ValueError, match="at least 2"):
+    with pytest.raises(ValueError, match="holds 1 optimizer step\\(s\\); the advisor needs at least 3"):
         advise(timeline(ready=[20.0, 20.0], steps=1))
+    # One step after step 1 is no median: a message, never a number.
+    with pytest.raises(ValueError, match="holds 2 optimizer step\\(s\\); the advisor needs at least 3 .*train a few more"):
+        advise(timeline(ready=[20.0, 20.0], steps=2))
+    # Enough steps, but only one of them at the run's k: the others were other settings.
+    records = timeline(ready=[20.0, 20.0], steps=4)
+    mixed_k = [*records[:3], *(dataclasses.replace(s, micro_batches=k, nosync_micro_ms=(30.0,) * (k - 1))
+                               for s, k in zip(records[3:], (2, 3)))]
+    with pytest.raises(ValueError, match="holds 1 measured step\\(s\\) of the run's setting .*one step is no median"):
+        advise(mixed_k)
+    assert advise(timeline(ready=[20.0, 20.0], steps=3))["run"]["steps"] == 2
     records = timeline(ready=[20.0, 20.0])
     with pytest.raises(ValueError, match="one rank communicates nothing"):
         advise([dataclasses.replace(records[0], world_size=1), *records[1:]])
@@ -684,7 +694,7 @@ def test_a_two_tier_network_prices_the_what_ifs_with_the_uplink_shared_by_a_node
     assert network.cost_ms("hierarchical", 16 << 20, 4, local_size=2) < 0.7 * network.cost_ms("ring", 16 << 20, 4)
     records = timeline(ready=[2.0, 20.0])
     rows = advise(records, network=network)["what_if"]
-    assert {r["value"] for r in rows if r["knob"] == "world_size"} == {2, 4, 8, 64, 512}  # nodes of 2 fit each
+    assert {r["value"] for r in rows if r["knob"] == "world_size"} == {2, 4, 6, 8, 64, 512}  # nodes of 2 fit each (not 3)
     assert "two tiers (nodes of 2 ranks)" in advise(records, network=network)["model"]["network"]["source"]
 
 
@@ -795,3 +805,58 @@ def test_exposed_never_exceeds_communication_in_any_row_and_the_runs_own_row_rea
             assert row["exposed_ms"] <= row["comm_ms"] + 1e-9, row
             if row["this_run"]:
                 assert row["comm_ms"] == pytest.approx(run["comm_ms"]) and row["step_ms"] == pytest.approx(run["step_ms"])
+
+
+@pytest.mark.fast
+def test_a_timeline_that_mixes_runs_of_another_world_size_is_refused_by_advise_itself(tmp_path, capsys):
+    """Two runs in one file (a log_dir's timeline joined with another's): the steps are not of
+    one world size, so advise says so (the CLI too), instead of pricing them all at the first's."""
+    from ddp_ring_hooks.cli.__main__ import main
+
+    two, four = timeline(ready=[2.0, 20.0]), timeline(ready=[2.0, 20.0])
+    four = [dataclasses.replace(four[0], world_size=4), *four[1:]]
+    with pytest.raises(ValueError, match="mixes runs: record 6 starts a run of 4 ranks \\(ring\\) after one of 2 ranks"):
+        advise([*two, *four])
+    other_cap = [dataclasses.replace(two[0], bucket_cap_bytes=MIB), *two[1:]]
+    with pytest.raises(ValueError, match="mixes runs: record 6 starts a second run \\(ring, cap 1048576 B"):
+        advise([*two, *other_cap])
+    path = tmp_path / "timeline.jsonl"
+    path.write_text("".join(r.to_json() + "\n" for r in [*two, *four]))
+    assert main(["advise", str(tmp_path)]) == 2
+    assert "mixes runs: record 6 starts a run of 4 ranks" in capsys.readouterr().err
+
+
+@pytest.mark.fast
+def test_the_world_size_table_has_3_4_6_and_8_from_a_two_rank_run():
+    rows = advise(timeline(ready=[2.0, 20.0]))["what_if"]
+    sizes = [r["value"] for r in rows if r["knob"] == "world_size"]
+    assert sizes == [2, 3, 4, 6, 8, 64, 512]
+    by_size = {r["value"]: r["step_ms"] for r in rows if r["knob"] == "world_size"}
+    assert by_size[2] < by_size[3] < by_size[4] < by_size[6] < by_size[8]  # the ring's 2(p-1) messages and bytes grow
+    assert "6" in format_advice(advise(timeline(ready=[2.0, 20.0]))).split("world size (same micro-batch per rank)")[1].split("\n")[6]
+
+
+@pytest.mark.fast
+def test_a_bench_of_another_world_size_is_named_and_one_of_the_runs_own_is_preferred(tmp_path, capsys):
+    from ddp_ring_hooks.cli.__main__ import main
+
+    def records_at(p, alpha_us):
+        return [{"algorithm": "ring", "world_size": p, "nbytes": n, "time_us": 2 * (p - 1) * alpha_us + n * 1e-3 * (p - 1) / p,
+                 "count": n // 4, "dtype": "float32"} for n in (1 << 12, 1 << 16, 1 << 20, 1 << 22)]
+
+    run = timeline(ready=[2.0, 20.0])
+    four = from_bench(records_at(4, 80.0))
+    assert four.measured_at == 4 and "at 4 ranks" in four.source
+    notes = advise(run, network=four)["model"]["notes"]
+    assert any("measured at 4 ranks and this run at 2" in n and "--nproc_per_node=2" in n for n in notes), notes
+    both = from_bench([*records_at(4, 80.0), *records_at(2, 100.0)], world_size=2)
+    assert both.measured_at == 2 and not any("measured at" in n for n in advise(run, network=both)["model"]["notes"])
+    assert from_bench([*records_at(4, 80.0), *records_at(2, 100.0)]).measured_at == 4  # the run unknown: the largest
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(records_at(4, 80.0)))
+    (tmp_path / "timeline.jsonl").write_text("".join(r.to_json() + "\n" for r in run))
+    assert main(["advise", str(tmp_path), "--network", str(bench)]) == 0
+    assert "note: the network given was measured at 4 ranks and this run at 2" in capsys.readouterr().out
+    bench.write_text(json.dumps([*records_at(4, 80.0), *records_at(2, 100.0)]))
+    assert main(["advise", str(tmp_path), "--network", str(bench), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"]["network"]["source"].startswith("bench records at 2 ranks")

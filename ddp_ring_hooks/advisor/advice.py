@@ -101,9 +101,25 @@ def foreign_network_note(model: StepModel) -> list[str]:
             f"took {measured:.1f} ms: it describes another network, and every row predicts that network, not this one"]
 
 
+#: World sizes every table shows (where a user's next machine count usually is), beside the run's own.
+WORLD_SIZES = (3, 4, 6, 8, 64, 512)
+
+
 def world_sizes(p: int) -> list[int]:
-    """The world sizes the table shows: the run's, twice it, 8, 64, 512."""
-    return sorted({p, 2 * p, 8, 64, 512})
+    """The world sizes the table shows: the run's, twice it, 3, 4, 6, 8, 64 and 512."""
+    return sorted({p, 2 * p, *WORLD_SIZES})
+
+
+def other_world_size_note(model: StepModel) -> list[str]:
+    """A note when the network given was measured at another world size than the run's: its α
+    and β are carried over per link, and the rows at the run's own size are priced from them."""
+    measured_at, p = model.network.measured_at, model.profile.world_size
+    if measured_at is None or measured_at == p:
+        return []
+    return [f"the network given was measured at {measured_at} ranks and this run at {p}: its per-link α and β "
+            f"are carried over to {p} ranks (a bench at {measured_at} ranks times its own algorithms' steps there); "
+            f"for prices at {p} ranks, bench on {p} ranks (`torchrun --nproc_per_node={p} -m ddp_ring_hooks bench "
+            f"--json FILE`)"]
 
 
 def what_if(model: StepModel) -> list[dict]:
@@ -252,6 +268,7 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
         "world_size: the same micro-batch per rank on more ranks (weak scaling); speedup counts all ranks' samples",
         *(priced_as_note(a, model.network) for a in algorithm_names() if get_algorithm(a).cost is None),
         *foreign_network_note(model),
+        *other_world_size_note(model),
     ]
     ring = ring_order_of_run(model)
     return {

@@ -84,6 +84,8 @@ class Network:
     #: the run's own setting with it (another cluster's network is calibrated with the run's fit)
     here: bool = False
     bounds: tuple[Network, Network] | None = None
+    #: the world size its records were measured at (bench records; ``None``: any, or not said)
+    measured_at: int | None = None
 
     def calibration(self, algorithm: str) -> Links:
         return self.calibrations.get(algorithm) or self.calibrations[ANY]
@@ -192,12 +194,14 @@ def _bandwidth_only(samples, formula: str, world_size: int, options: Mapping[str
     return Links(0.0, beta), "this run's buckets all have one size: bandwidth only (alpha 0)"
 
 
-def from_bench(records: Iterable[Mapping]) -> Network:
-    """A fit per algorithm of ``bench --json`` records (the largest world size they cover)."""
+def from_bench(records: Iterable[Mapping], *, world_size: int | None = None) -> Network:
+    """A fit per algorithm of ``bench --json`` records: those at ``world_size`` (the run's) when
+    they cover it, else at the largest world size they cover (``measured_at`` says which)."""
     records = [r for r in records if r.get("time_us", 0) > 0]
     if not records:
         raise ValueError("the network file holds no timed records; write one with `ddp-ring-hooks bench --json FILE`")
-    world_size = max(Counter(r["world_size"] for r in records))
+    covered = Counter(r["world_size"] for r in records)
+    world_size = world_size if world_size in covered else max(covered)
     by_algorithm: dict[str, list[tuple[int, float]]] = {}
     for r in records:
         if r["world_size"] == world_size:
@@ -212,7 +216,7 @@ def from_bench(records: Iterable[Mapping]) -> Network:
             continue  # one size only: this algorithm falls back to the shared fit
     shared = [(n, t) for samples in by_algorithm.values() for n, t in samples]
     calibrations[ANY] = calibrations.get("ring") or fit(shared, algorithm="ring", world_size=world_size)
-    return Network(calibrations, f"bench records at {world_size} ranks, fitted per algorithm")
+    return Network(calibrations, f"bench records at {world_size} ranks, fitted per algorithm", measured_at=world_size)
 
 
 def from_latency_bandwidth(*, latency_s: float, bandwidth_Bps: float) -> Network:

@@ -139,6 +139,7 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
     if not records or not isinstance(records[0], TimelineRun):
         raise ValueError("a timeline starts with its run record; is this a timeline.jsonl from ddp_ring_hooks?")
     run, steps = records[0], [r for r in records[1:] if isinstance(r, TimelineStep)]
+    _one_run(run, records)
     if run.device != "cpu":
         raise ValueError(
             f"this timeline was recorded on {run.device}: there the hook and backward only enqueue work, "
@@ -147,6 +148,12 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
     steps = _measured(steps)
     k = Counter(s.micro_batches for s in steps).most_common(1)[0][0]
     steps = [s for s in steps if s.micro_batches == k]
+    if len(steps) < MIN_MEASURED:
+        raise ValueError(
+            f"the timeline holds {len(steps)} measured step(s) of the run's setting (after step 1, at k={k} with "
+            f"the usual bucket count); the advisor needs at least {MIN_MEASURED}: one step is no median, and a "
+            "disturbed step would be the whole prediction. Train a few more steps"
+        )
 
     def median(name: str) -> float:
         return statistics.median(getattr(s, name) for s in steps)
@@ -209,13 +216,37 @@ def service_ms(spans: Sequence[tuple[float, float]]) -> list[float]:
     return services
 
 
+#: Measured steps (after step 1) the advisor needs: a median of one step is one disturbed step away from anything.
+MIN_MEASURED = 2
+
+
+def _one_run(run: TimelineRun, records: Sequence[TimelineRecord]) -> None:
+    """Refuse a timeline that holds more than one run (files joined, or a log_dir reused by
+    a run of another setting): its steps are not of one setting, and a world size read from the
+    first run line would price the others' steps."""
+    others = [(line, r) for line, r in enumerate(records[1:], 2) if isinstance(r, TimelineRun)]
+    if not others:
+        return
+    line, other = others[0]
+    differs = ("world size" if other.world_size != run.world_size else
+               "setting" if (other.algorithm, other.bucket_cap_bytes) != (run.algorithm, run.bucket_cap_bytes) else None)
+    what = (f"a run of {other.world_size} ranks ({other.algorithm}) after one of {run.world_size} ranks ({run.algorithm})"
+            if differs == "world size" else f"a second run ({other.algorithm}, cap {other.bucket_cap_bytes} B; the "
+            f"first: {run.algorithm}, cap {run.bucket_cap_bytes} B)")
+    raise ValueError(
+        f"this timeline mixes runs: record {line} starts {what}; the advisor reads one run: give each run its own "
+        "log_dir (or keep the lines from one run line to the next)"
+        + (" and advise on the one whose world size you want to start from" if differs == "world size" else "")
+    )
+
+
 def _measured(steps: list[TimelineStep]) -> list[TimelineStep]:
     """Steps after the first, with the usual bucket count."""
     later = steps[1:]
-    if not later:
+    if len(later) < MIN_MEASURED:
         raise ValueError(
-            f"the timeline holds {len(steps)} optimizer step(s); the advisor needs at least 2 (step 1 "
-            "runs DDP's provisional single bucket): train a few more steps"
+            f"the timeline holds {len(steps)} optimizer step(s); the advisor needs at least {MIN_MEASURED + 1} (step 1 "
+            f"runs DDP's provisional single bucket, and {MIN_MEASURED} measured steps make a median): train a few more steps"
         )
     usual = Counter(len(s.buckets) for s in later).most_common(1)[0][0]
     return [s for s in later if len(s.buckets) == usual]

@@ -50,8 +50,9 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def network_from_args(args: argparse.Namespace):
-    """The network the predictions are costed on (None: the run's own buckets)."""
+def network_from_args(args: argparse.Namespace, *, world_size: int | None = None):
+    """The network the predictions are costed on (None: the run's own buckets); a bench file's
+    records at ``world_size`` (the run's) when it has them."""
     if args.network and (args.latency or args.bandwidth):
         raise ValueError("give either --network FILE or --latency/--bandwidth, not both")
     if args.network:
@@ -64,7 +65,7 @@ def network_from_args(args: argparse.Namespace):
         if not isinstance(records, list) or not all(isinstance(r, dict) and {"algorithm", "world_size", "nbytes", "time_us"} <= r.keys() for r in records):
             raise ValueError(f"{args.network} is not `ddp-ring-hooks bench --json` output (a list of records "
                              "with algorithm, world_size, nbytes, time_us)")
-        return from_bench(records)
+        return from_bench(records, world_size=world_size)
     if bool(args.latency) != bool(args.bandwidth):
         raise ValueError("--latency and --bandwidth go together, e.g. --latency 5us --bandwidth 25GB/s")
     if (args.local_latency or args.local_bandwidth) and not args.placement:
@@ -108,7 +109,9 @@ def run(args: argparse.Namespace) -> int:
     from ..telemetry.timeline import read_timeline  # imports torch: not for --help
 
     try:
-        advice = advise(read_timeline(chosen_run(args.log_dir)), network=network_from_args(args))
+        records = read_timeline(chosen_run(args.log_dir))
+        world_size = getattr(records[0], "world_size", None) if records else None
+        advice = advise(records, network=network_from_args(args, world_size=world_size))
     except (ValueError, OSError, KeyError, TypeError) as error:  # a file that is not what it should be
         return fail("advise", f"{type(error).__name__}: {error}" if isinstance(error, KeyError | TypeError) else str(error))
     print(json.dumps(advice, indent=1) if args.json else format_advice(advice))

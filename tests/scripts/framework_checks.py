@@ -17,6 +17,10 @@ In each launch, working in ``DIR``:
    own door), with a digest of the parameters to compare across ranks;
 3. what is special to the framework: errors, a second ``train()``, checkpoints, compile.
 
+The ring runs (``ring``; Accelerate's eager one) write a ``log_dir`` and note when each
+optimizer step began by the framework's own loop (``step_starts_ms``): the test reads their
+timelines with the advisor and holds its "(this run)" rows to the steps the loop measured.
+
 Every rank writes ``DIR/{framework}_rank{r}.json``; the test makes the assertions.
 """
 
@@ -27,6 +31,7 @@ import json
 import os
 import runpy
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -101,7 +106,7 @@ def error_of(action) -> str:
 
 def transformers_checks(out: Path) -> dict:
     import transformers
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
     from ddp_ring_hooks.integrations.transformers import RingHookCallback
 
@@ -131,14 +136,26 @@ def transformers_checks(out: Path) -> dict:
         trainer.losses = []
         return trainer
 
+    class StepClock(TrainerCallback):
+        """When the Trainer began each optimizer step (its first micro-batch), on its own loop."""
+
+        def __init__(self):
+            self.starts_ms: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.starts_ms.append(time.perf_counter() * 1e3)
+
     results: dict = {"runs": {}}
     reference = None
     for run, algorithm, options in RUNS:
         trainer = trainer_for(run)
-        callback = None
+        callback, clock = None, StepClock()
         if algorithm != "none":
-            callback = RingHookCallback(trainer, algorithm=algorithm, print_summary=False, **options)
+            # The ring run (k=2, the Trainer's default find_unused_parameters=True) writes its timeline.
+            timed = {"log_dir": str(out / "runs" / "trainer_ring")} if run == "ring" else {}
+            callback = RingHookCallback(trainer, algorithm=algorithm, print_summary=False, **timed, **options)
             trainer.add_callback(callback)
+            trainer.add_callback(clock)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             trainer.train()
@@ -153,6 +170,7 @@ def transformers_checks(out: Path) -> dict:
             "warnings": caught_messages(caught),
             **(wire_facts(callback.hook_state) if callback else {}),
             "digest": parameters_digest(parameters),
+            "step_starts_ms": clock.starts_ms,
         }
     # A second train() keeps the DDP model and its hook: nothing registers twice, the hook
     # still averages (the same parameters as a second train() without a hook), untimed.
@@ -227,14 +245,17 @@ def accelerate_checks(out: Path) -> dict:
         state = None
         if algorithm != "none":
             state = ddp_ring_hooks.register(model, algorithm=algorithm, log_dir=str(out / "runs" / run))
-        losses = []
-        for x, y in data:
+        losses, starts_ms = [], []
+        for index, (x, y) in enumerate(data):
+            if index % 2 == 0:  # the first micro-batch of an optimizer step (accumulating 2)
+                starts_ms.append(time.perf_counter() * 1e3)
             with accelerator.accumulate(model):
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 accelerator.backward(loss)
                 optimizer.step()
                 optimizer.zero_grad()
             losses.append(float(loss.detach()))
+        accelerator.step_starts_ms = starts_ms
         return accelerator, model, state, losses
 
     results: dict = {"runs": {}}
@@ -254,6 +275,7 @@ def accelerate_checks(out: Path) -> dict:
                 "comm_hook": comm_hook_of(model),
                 "max_parameter_difference": max_difference(parameters, reference),
                 "hook_iteration": state.iteration if state else None,
+                "step_starts_ms": accelerator.step_starts_ms,
             }
             if state is not None:
                 state.close()
@@ -327,9 +349,11 @@ def fabric_checks(out: Path) -> dict:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(features, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
         model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
-        losses = []
+        losses, starts_ms = [], []
         for index, (x, y) in enumerate(batches):
             stepping = index % 2 == 1  # accumulate 2 micro-batches per optimizer step
+            if not stepping:
+                starts_ms.append(time.perf_counter() * 1e3)
             with fabric.no_backward_sync(model, enabled=not stepping):
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 fabric.backward(loss)
@@ -348,6 +372,7 @@ def fabric_checks(out: Path) -> dict:
             "bucket_cap_bytes": find_ddp(model).bucket_bytes_cap,
             **(wire_facts(state) if state else {}),
             "digest": parameters_digest(parameters),
+            "step_starts_ms": starts_ms,
         }
         if state is not None:
             state.close()

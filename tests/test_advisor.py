@@ -860,3 +860,29 @@ def test_a_bench_of_another_world_size_is_named_and_one_of_the_runs_own_is_prefe
     bench.write_text(json.dumps([*records_at(4, 80.0), *records_at(2, 100.0)]))
     assert main(["advise", str(tmp_path), "--network", str(bench), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model"]["network"]["source"].startswith("bench records at 2 ranks")
+
+
+@pytest.mark.fast
+def test_two_tiers_predicted_from_a_one_tier_run_put_its_own_network_on_each_uplink(tmp_path, capsys):
+    """``advise --placement 2`` without --latency/--bandwidth: the uplink is the network the run
+    probed (its buckets' 1 GB/s and 100 us), shared by a node's 2 ranks; inside a node 10 GB/s.
+    2 ranks on one node use only the fast links inside it; 4 ranks in nodes of 2 cost the ring what
+    4 separate hosts cost (in node order it crosses each uplink once each way: the slowest link is
+    the same), and 3 ranks fit no nodes of 2."""
+    from ddp_ring_hooks.cli.__main__ import main
+
+    records = _probed(timeline(ready=[20.0, 20.0]), probe_samples(ALPHA_MS * 1e-3, 1e3 / BETA_MS, 0.0))
+    (tmp_path / "timeline.jsonl").write_text("".join(r.to_json() + "\n" for r in records))
+    assert main(["advise", str(tmp_path), "--json"]) == 0
+    one_tier = json.loads(capsys.readouterr().out)
+    assert main(["advise", str(tmp_path), "--placement", "2", "--local-bandwidth", "10GB/s", "--json"]) == 0
+    two_tier = json.loads(capsys.readouterr().out)
+    source = two_tier["model"]["network"]["source"]
+    assert source.startswith("two tiers (nodes of 2 ranks): uplink latency 100 us, 1 GB/s; inside a node 100 us, 10 GB/s"), source
+    assert "the uplink is this run's own network (probed when the hook was registered)" in source
+    rows = {tier: {r["value"]: r["step_ms"] for r in advice["what_if"] if r["knob"] == "world_size"}
+            for tier, advice in (("one", one_tier), ("two", two_tier))}
+    assert 3 not in rows["two"] and rows["two"][4] == pytest.approx(rows["one"][4], rel=1e-6), rows
+    assert rows["two"][2] < 0.95 * rows["one"][2], rows  # 2 ranks on one node: only the fast inside links
+    assert main(["advise", str(tmp_path), "--placement", "2", "--latency", "5us"]) == 2  # half a network: refused
+    assert "--latency and --bandwidth go together" in capsys.readouterr().err

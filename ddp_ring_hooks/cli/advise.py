@@ -9,6 +9,7 @@ accumulation, algorithm, world size) and the one change with the largest predict
     ddp-ring-hooks advise runs/ring --latency 5us --bandwidth 25GB/s  # or two numbers
     ddp-ring-hooks advise runs/ring --latency 200us --bandwidth 400Mb/s --placement 2 \
         --local-latency 50us --local-bandwidth 1GB/s                  # or two tiers: nodes of 2 share an uplink
+    ddp-ring-hooks advise runs/ring --placement 2 --local-bandwidth 1GB/s  # the uplink: this run's own network
     ddp-ring-hooks advise runs/ring --json                            # the stable JSON shape
 
 A directory of several runs (the main job's ``runs/accumulation_sweep/version_N``, one run
@@ -42,17 +43,38 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--latency", help="per-message latency of the target network, e.g. 5us (with --bandwidth)")
     parser.add_argument("--bandwidth", help="link bandwidth of the target network, e.g. 25GB/s (with --latency)")
     parser.add_argument("--placement", metavar="G|N0,N1,...",
-                        help="two tiers (with --latency/--bandwidth, each node's uplink): nodes of G consecutive ranks, "
-                             "or the node of each rank, whose ranks share one uplink")
+                        help="two tiers: nodes of G consecutive ranks, or the node of each rank, whose ranks share one "
+                             "uplink (--latency/--bandwidth; without them, this run's own network)")
     parser.add_argument("--local-latency", help="two tiers: latency inside a node (default: --latency)")
     parser.add_argument("--local-bandwidth", help="two tiers: bandwidth inside a node (default: --bandwidth)")
     parser.add_argument("--json", action="store_true", help="print the advice as JSON (the stable shape)")
     parser.set_defaults(func=run)
 
 
-def network_from_args(args: argparse.Namespace, *, world_size: int | None = None):
+def placed_on_this_run(records, args: argparse.Namespace):
+    """Two tiers from a run on one: each node's uplink is the network this run measured (its
+    probe, else its buckets' fit), shared by the node's ranks; inside a node
+    ``--local-latency``/``--local-bandwidth`` (each defaulting to the uplink's)."""
+    from dataclasses import replace
+
+    from ..advisor import step_model
+    from ..cost_model import Links
+
+    measured = step_model(records).network
+    uplink = measured.calibration(records[0].algorithm)
+    local = None
+    if args.local_latency or args.local_bandwidth:
+        local = Links(parse_time(args.local_latency) if args.local_latency else uplink.alpha,
+                      1 / parse_bandwidth(args.local_bandwidth) if args.local_bandwidth else uplink.beta)
+    network = from_two_tier(two_tier_network(args.placement, Links(uplink.alpha, uplink.beta, uplink.gamma, local=local)))
+    return replace(network, source=f"{network.source.replace('given, ', '', 1)}; the uplink is this run's own network "
+                                   f"({measured.source.split(':')[0]}), one tier measured, two predicted")
+
+
+def network_from_args(args: argparse.Namespace, *, world_size: int | None = None, records=None):
     """The network the predictions are costed on (None: the run's own buckets); a bench file's
-    records at ``world_size`` (the run's) when it has them."""
+    records at ``world_size`` (the run's) when it has them; ``--placement`` alone puts this
+    run's own network (``records``) on each node's uplink."""
     if args.network and (args.latency or args.bandwidth):
         raise ValueError("give either --network FILE or --latency/--bandwidth, not both")
     if args.network:
@@ -72,7 +94,9 @@ def network_from_args(args: argparse.Namespace, *, world_size: int | None = None
         raise ValueError("--local-latency and --local-bandwidth describe two tiers: give --placement too")
     if args.placement:
         if not args.latency:
-            raise ValueError("--placement needs the uplink's --latency and --bandwidth")
+            if records is None:
+                raise ValueError("--placement needs the uplink's --latency and --bandwidth, or a run to take it from")
+            return placed_on_this_run(records, args)
         return from_two_tier(two_tier_network(args.placement, links_from_flags(args)))
     if args.latency:
         return from_latency_bandwidth(latency_s=parse_time(args.latency), bandwidth_Bps=parse_bandwidth(args.bandwidth))
@@ -111,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         records = read_timeline(chosen_run(args.log_dir))
         world_size = getattr(records[0], "world_size", None) if records else None
-        advice = advise(records, network=network_from_args(args, world_size=world_size))
+        advice = advise(records, network=network_from_args(args, world_size=world_size, records=records))
     except (ValueError, OSError, KeyError, TypeError) as error:  # a file that is not what it should be
         return fail("advise", f"{type(error).__name__}: {error}" if isinstance(error, KeyError | TypeError) else str(error))
     print(json.dumps(advice, indent=1) if args.json else format_advice(advice))

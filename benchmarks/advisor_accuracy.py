@@ -49,7 +49,7 @@ with the base's like every other setting's. The default model there is ``mlp_wid
 host computes on this machine's shared cores, so p hosts computing at once take longer than one
 would alone, which a real cluster would not; a small batch keeps that share of the step small::
 
-    python benchmarks/advisor_accuracy.py --lab                    # 2 hosts -> p = 3, 4, 8; k = 2, 4; caps 1, 100
+    python benchmarks/advisor_accuracy.py --lab                    # 2 hosts -> p = 3, 4, 6, 8; k = 2, 4; caps 1, 100
     python benchmarks/advisor_accuracy.py --lab --link 100Mbit --world-sizes 3,4,6
 """
 
@@ -90,7 +90,7 @@ DEFAULTS = {
                  "world_sizes": ""},
     "lab": {"models": "mlp_wide", "accumulate": "2,4", "bucket_caps": "1,100",
             "algorithms": "tree,halving_doubling,double_binary_tree,naive,native", "wires": "bf16",
-            "world_sizes": "3,4,8"},
+            "world_sizes": "3,4,6,8"},
 }
 
 
@@ -122,7 +122,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     lab.add_argument("--lab", action="store_true",
                      help="run every rank on a host of an emulated lab, over shaped links, instead of on loopback")
     lab.add_argument("--link", default="400Mbit", metavar="RATE", help="with --lab: every host's link (default: %(default)s)")
-    lab.add_argument("--world-sizes", metavar="P[,P...]", help="with --lab: world sizes to predict and measure (default: 3,4,8)")
+    lab.add_argument("--world-sizes", metavar="P[,P...]", help="with --lab: world sizes to predict and measure (default: 3,4,6,8, the world sizes of issue 31)")
     parser.add_argument("--network", metavar="BENCH_JSON",
                      help="price the predictions with the alpha, beta that `bench --json` fitted (e.g. on the lab) "
                           "instead of those the base run's own buckets give")

@@ -624,11 +624,11 @@ def test_the_accuracy_benchmark_ends_with_a_verdict_per_model_and_target():
 def test_the_accuracy_benchmark_on_the_lab_measures_world_sizes_and_refuses_bad_input(capsys):
     advisor_accuracy = accuracy_benchmark()
     args = advisor_accuracy.parse_args(["--lab"])
-    assert (args.models, args.accumulate, args.bucket_caps, args.world_sizes) == ("mlp_wide", "2,4", "1,100", [3, 4, 8])
+    assert (args.models, args.accumulate, args.bucket_caps, args.world_sizes) == ("mlp_wide", "2,4", "1,100", [3, 4, 6, 8])
     base, variants = advisor_accuracy.variants_of(args)
     assert base["ranks"] == 2 and advisor_accuracy.lab_hosts(args) == 8
     assert [(knob, value, setting["ranks"]) for knob, value, setting in variants if knob == "world_size"] == [
-        ("world_size", 3, 3), ("world_size", 4, 4), ("world_size", 8, 8)]
+        ("world_size", 3, 3), ("world_size", 4, 4), ("world_size", 6, 6), ("world_size", 8, 8)]
     assert [(knob, value, setting["wire"]) for knob, value, setting in variants if knob == "wire"] == [
         ("wire", "bf16", "bf16")]
     assert advisor_accuracy.setting_of("world_size", 4, SimpleNamespace(world_size=2)).world_size == 4

@@ -16,7 +16,9 @@ no error bar); ``uncertain``, the error bar is wider than the gain (or a narrowe
 were never measured), so the row is no advice; on the ``wire_dtype`` rows ``verdict``, "pays"
 or "does not pay" (``None`` for the run's own wire).
 
-``step_ms`` is one optimizer step (all its micro-batches); ``speedup`` is samples per second
+``step_ms`` is one optimizer step (all its micro-batches); ``comm_ms`` communication from each
+bucket's hand-over (queue included) and ``exposed_ms`` its part after backward, so never more
+(the words of the summary and ``comm/step/comm_ms``); ``speedup`` is samples per second
 relative to the run; knobs change one at a time from the run's setting; ``this_run`` marks
 the row of each knob that is the run's own setting (none for ``bucket_cap_mb`` when the run
 used DDP's default cap: an explicit cap of the same size also caps the first bucket). ``run`` holds what

@@ -67,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--diagnose", action="store_true",
                         help="compare diagnose=True against nothing asked (no --spread-every, no --links)")
     parser.add_argument("--algorithm", default="ring", help="the hook's algorithm in both arms (default: ring)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also print each thread's CPU ms per step in each arm (where the cost goes)")
     parser.add_argument("--foreign", choices=("powersgd",), default=None,
                         help="compare PyTorch's hook alone (off) with it inside ours, timed (on) (default: our ring)")
     args = parser.parse_args(argv)
@@ -83,6 +85,7 @@ def measure(args: argparse.Namespace) -> dict:
     """Run on every rank: alternate blocks of the two arms; rank 0 shows progress."""
     rank = dist.get_rank()
     ratios, cpu_ratios, off_ms, on_ms, off_cpu, on_cpu = [], [], [], [], [], []
+    threads_ms: dict[bool, list[dict[str, float]]] = {False: [], True: []}  # --breakdown, per block
     rounds = range(args.rounds)
     if rank == 0:
         from tqdm import tqdm
@@ -104,8 +107,11 @@ def measure(args: argparse.Namespace) -> dict:
             wall, cpu = {}, {}
             for telemetry in order:
                 model, optimizer, state = arms[telemetry]
+                before = thread_cpu_ms() if args.breakdown else None
                 wall[telemetry], cpu[telemetry] = time_steps(model, optimizer, inputs, args.steps,
                                                              before_stop=block_end(args, state))
+                if before is not None:
+                    threads_ms[telemetry].append(per_step(before, thread_cpu_ms(), args.steps))
             off_ms.append(wall[False])
             on_ms.append(wall[True])
             ratios.append(wall[True] / wall[False])
@@ -118,8 +124,37 @@ def measure(args: argparse.Namespace) -> dict:
                 state.close()
     return {
         "world_size": dist.get_world_size(), "summary": summary, "ratios": ratios, "cpu_ratios": cpu_ratios,
-        "off_ms": off_ms, "on_ms": on_ms, "off_cpu": off_cpu, "on_cpu": on_cpu,
+        "off_ms": off_ms, "on_ms": on_ms, "off_cpu": off_cpu, "on_cpu": on_cpu, "threads_ms": threads_ms,
     }
+
+
+#: The rest of the process's CPU time: threads Python did not start (gloo's own, PyTorch's).
+OTHER_THREADS = "(threads outside Python: gloo's, PyTorch's)"
+
+
+def thread_cpu_ms() -> dict[str, float]:
+    """CPU ms so far of every Python thread of this process, summed by thread name (the two
+    arms' watchdogs share a name), and of the rest of the process (:data:`OTHER_THREADS`)."""
+    import threading
+    import time
+
+    total = time.process_time() * 1e3
+    spent: dict[str, float] = {}
+    for thread in threading.enumerate():
+        try:
+            ms = time.clock_gettime(time.pthread_getcpuclockid(thread.ident)) * 1e3
+        except (OSError, TypeError):  # the thread ended in between
+            continue
+        spent[thread.name] = spent.get(thread.name, 0.0) + ms
+    spent[OTHER_THREADS] = total - sum(spent.values())
+    return spent
+
+
+def per_step(before: dict[str, float], after: dict[str, float], steps: int) -> dict[str, float]:
+    """Each thread's CPU ms per step between two :func:`thread_cpu_ms` readings (a thread that
+    started in between counts from zero; one that ended counts nothing)."""
+    return {name: (ms - before.get(name, 0.0)) / steps for name, ms in after.items()
+            if name != OTHER_THREADS or name in before}
 
 
 def attach(args: argparse.Namespace, model, log_dir: str, *, on: bool):
@@ -181,9 +216,29 @@ def report(result: dict, args: argparse.Namespace) -> None:
     quartiles = statistics.quantiles(result["ratios"], n=4) if len(result["ratios"]) > 1 else result["ratios"] * 3
     print(f"ratio spread over rounds: min {min(result['ratios']):.3f}, quartiles {quartiles[0]:.3f} "
           f"{quartiles[1]:.3f} {quartiles[2]:.3f}, max {max(result['ratios']):.3f}")
+    if args.breakdown:
+        report_breakdown(result["threads_ms"])
     ratio = median(result["ratios"])
     target = DIAGNOSE_TARGET if args.diagnose else LINKS_TARGET if args.links else SPREAD_TARGET if args.spread_every else TARGET
     print(f"median step-time ratio on/off: {ratio:.3f} ({'meets' if ratio <= target else 'misses'} the <= {target} target)")
+
+
+def report_breakdown(threads_ms: dict[bool, list[dict[str, float]]]) -> None:
+    """--breakdown: each thread's CPU ms per step on rank 0, in each arm (the mean over blocks:
+    costs add up, and a small one is not lost under the median's noise), and the difference
+    (what the "on" arm adds, and on which thread)."""
+    names = sorted({name for blocks in threads_ms.values() for block in blocks for name in block})
+
+    def mean_of(arm: bool, name: str) -> float:
+        return statistics.fmean(block.get(name, 0.0) for block in threads_ms[arm]) if threads_ms[arm] else 0.0
+
+    print("CPU ms per step by thread, rank 0 (mean over blocks): off, on, on - off")
+    for name in [*names, "all"]:
+        if name == "all":
+            off, on = (sum(mean_of(arm, n) for n in names) for arm in (False, True))
+        else:
+            off, on = mean_of(False, name), mean_of(True, name)
+        print(f"  {name:45s} {off:8.2f} {on:8.2f} {on - off:+8.2f}")
 
 
 def main(argv=None) -> int:

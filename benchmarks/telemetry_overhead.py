@@ -24,15 +24,26 @@ same hook run inside ours with telemetry on (``hook=``, "on"): what timing a for
     python benchmarks/telemetry_overhead.py --rounds 60 --steps 4 --foreign powersgd
     torchrun --nproc_per_node=2 benchmarks/telemetry_overhead.py --rounds 60 --steps 4
 
-A block starts after a barrier; its time is the slowest rank's.
+A block starts after a barrier; its time is the slowest rank's. With ``--breakdown`` it also
+prints each thread's CPU ms per step in each arm, on rank 0: where an arm's cost goes (the
+training thread, the communication workers, the exchange, the writer, gloo's own threads).
+
+**On a network** (``--lab``, needs root): every rank on a host of an emulated lab
+(``ddp_ring_hooks.lab``, a prefix of its own) over ``--link`` links (default 400 Mbit/s, as
+``advisor_accuracy.py --lab``), one gloo rank per host (target with ``--diagnose``: <= 1.005)::
+
+    python benchmarks/telemetry_overhead.py --lab --rounds 20 --steps 4 --diagnose --algorithm ring --nproc 4
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import sys
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -47,6 +58,8 @@ TARGET = 1.02
 SPREAD_TARGET = 1.03
 LINKS_TARGET = 1.01
 DIAGNOSE_TARGET = 1.01
+#: With --lab and --diagnose: a step on a network is the link's, so diagnosis must cost less of it.
+LAB_DIAGNOSE_TARGET = 1.005
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -71,7 +84,24 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also print each thread's CPU ms per step in each arm (where the cost goes)")
     parser.add_argument("--foreign", choices=("powersgd",), default=None,
                         help="compare PyTorch's hook alone (off) with it inside ours, timed (on) (default: our ring)")
+    lab = parser.add_argument_group("on an emulated network (needs root; see docs/lab.md)")
+    lab.add_argument("--lab", action="store_true",
+                     help="run every rank on a host of an emulated lab, over shaped links, instead of on loopback")
+    lab.add_argument("--link", default="400Mbit", metavar="RATE", help="with --lab: every host's link (default: %(default)s)")
+    lab.add_argument("--timeout", type=float, default=1800.0, metavar="SECONDS",
+                     help="with --lab: give up after this long (default: %(default)s)")
+    lab.add_argument("--worker", metavar="PATH", help=argparse.SUPPRESS)  # one rank on a lab host; rank 0 writes PATH
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what the lab's hosts run again
+    if args.lab and args.foreign:
+        parser.error("--lab measures our hook's telemetry on a network: without --foreign")
+    if args.lab and not args.worker:
+        from ddp_ring_hooks.lab import parse_rate
+
+        try:
+            parse_rate(args.link)  # a bad rate fails here, before any lab is made
+        except ValueError as error:
+            parser.error(f"--link: {error}")
     if args.diagnose and (args.links or args.spread_every):
         parser.error("--diagnose chooses its own cadence and times links: leave out --spread-every and --links")
     if args.foreign and (args.links or args.diagnose):
@@ -219,7 +249,7 @@ def report(result: dict, args: argparse.Namespace) -> None:
     if args.breakdown:
         report_breakdown(result["threads_ms"])
     ratio = median(result["ratios"])
-    target = DIAGNOSE_TARGET if args.diagnose else LINKS_TARGET if args.links else SPREAD_TARGET if args.spread_every else TARGET
+    target = (LAB_DIAGNOSE_TARGET if args.lab else DIAGNOSE_TARGET) if args.diagnose else LINKS_TARGET if args.links else SPREAD_TARGET if args.spread_every else TARGET
     print(f"median step-time ratio on/off: {ratio:.3f} ({'meets' if ratio <= target else 'misses'} the <= {target} target)")
 
 
@@ -241,9 +271,32 @@ def report_breakdown(threads_ms: dict[bool, list[dict[str, float]]]) -> None:
         print(f"  {name:45s} {off:8.2f} {on:8.2f} {on - off:+8.2f}")
 
 
+def measure_on_lab(args: argparse.Namespace) -> dict:
+    """Both arms on an emulated lab of ``--nproc`` hosts on ``--link`` links: this script once
+    per host (``--worker``), joined into one job; rank 0 writes the result, read back here."""
+    from ddp_ring_hooks.lab import EmulatedCluster
+
+    with tempfile.TemporaryDirectory(prefix="telemetry_overhead_") as scratch, \
+            EmulatedCluster(hosts=args.nproc, link=args.link) as lab:
+        out = Path(scratch) / "result.json"
+        lab.run([sys.executable, str(Path(__file__).resolve()), *args.argv, "--worker", str(out)], timeout=args.timeout)
+        result = json.loads(out.read_text())
+    result["threads_ms"] = {arm == "true": blocks for arm, blocks in result["threads_ms"].items()}  # JSON's keys
+    return result
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    result = run_on_ranks(measure, args, nproc=args.nproc, backend="gloo")
+    if args.worker:  # one rank of the lab's job (the lab set torchrun's variables)
+        result = run_on_ranks(measure, args, nproc=1, backend="gloo")
+        if os.environ["RANK"] == "0":
+            Path(args.worker).write_text(json.dumps(result))
+        return 0
+    if args.lab:
+        result = measure_on_lab(args)
+        print(f"on an emulated lab of {args.nproc} hosts on {args.link} links, one rank each")
+    else:
+        result = run_on_ranks(measure, args, nproc=args.nproc, backend="gloo")
     if not under_torchrun() or int(os.environ["RANK"]) == 0:  # rank 0 prints the report
         report(result, args)
     return 0

@@ -24,15 +24,26 @@ same hook run inside ours with telemetry on (``hook=``, "on"): what timing a for
     python benchmarks/telemetry_overhead.py --rounds 60 --steps 4 --foreign powersgd
     torchrun --nproc_per_node=2 benchmarks/telemetry_overhead.py --rounds 60 --steps 4
 
-A block starts after a barrier; its time is the slowest rank's.
+A block starts after a barrier; its time is the slowest rank's. With ``--breakdown`` it also
+prints each thread's CPU ms per step in each arm, on rank 0: where an arm's cost goes (the
+training thread, the communication workers, the exchange, the writer, gloo's own threads).
+
+**On a network** (``--lab``, needs root): every rank on a host of an emulated lab
+(``ddp_ring_hooks.lab``, a prefix of its own) over ``--link`` links (default 400 Mbit/s, as
+``advisor_accuracy.py --lab``), one gloo rank per host (target with ``--diagnose``: <= 1.005)::
+
+    python benchmarks/telemetry_overhead.py --lab --rounds 20 --steps 4 --diagnose --algorithm ring --nproc 4
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import sys
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -47,6 +58,8 @@ TARGET = 1.02
 SPREAD_TARGET = 1.03
 LINKS_TARGET = 1.01
 DIAGNOSE_TARGET = 1.01
+#: With --lab and --diagnose: a step on a network is the link's, so diagnosis must cost less of it.
+LAB_DIAGNOSE_TARGET = 1.005
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -67,9 +80,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--diagnose", action="store_true",
                         help="compare diagnose=True against nothing asked (no --spread-every, no --links)")
     parser.add_argument("--algorithm", default="ring", help="the hook's algorithm in both arms (default: ring)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also print each thread's CPU ms per step in each arm (where the cost goes)")
     parser.add_argument("--foreign", choices=("powersgd",), default=None,
                         help="compare PyTorch's hook alone (off) with it inside ours, timed (on) (default: our ring)")
+    lab = parser.add_argument_group("on an emulated network (needs root; see docs/lab.md)")
+    lab.add_argument("--lab", action="store_true",
+                     help="run every rank on a host of an emulated lab, over shaped links, instead of on loopback")
+    lab.add_argument("--link", default="400Mbit", metavar="RATE", help="with --lab: every host's link (default: %(default)s)")
+    lab.add_argument("--timeout", type=float, default=1800.0, metavar="SECONDS",
+                     help="with --lab: give up after this long (default: %(default)s)")
+    lab.add_argument("--worker", metavar="PATH", help=argparse.SUPPRESS)  # one rank on a lab host; rank 0 writes PATH
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what the lab's hosts run again
+    if args.lab and args.foreign:
+        parser.error("--lab measures our hook's telemetry on a network: without --foreign")
+    if args.lab and not args.worker:
+        from ddp_ring_hooks.lab import parse_rate
+
+        try:
+            parse_rate(args.link)  # a bad rate fails here, before any lab is made
+        except ValueError as error:
+            parser.error(f"--link: {error}")
     if args.diagnose and (args.links or args.spread_every):
         parser.error("--diagnose chooses its own cadence and times links: leave out --spread-every and --links")
     if args.foreign and (args.links or args.diagnose):
@@ -83,6 +115,7 @@ def measure(args: argparse.Namespace) -> dict:
     """Run on every rank: alternate blocks of the two arms; rank 0 shows progress."""
     rank = dist.get_rank()
     ratios, cpu_ratios, off_ms, on_ms, off_cpu, on_cpu = [], [], [], [], [], []
+    threads_ms: dict[bool, list[dict[str, float]]] = {False: [], True: []}  # --breakdown, per block
     rounds = range(args.rounds)
     if rank == 0:
         from tqdm import tqdm
@@ -104,8 +137,11 @@ def measure(args: argparse.Namespace) -> dict:
             wall, cpu = {}, {}
             for telemetry in order:
                 model, optimizer, state = arms[telemetry]
+                before = thread_cpu_ms() if args.breakdown else None
                 wall[telemetry], cpu[telemetry] = time_steps(model, optimizer, inputs, args.steps,
                                                              before_stop=block_end(args, state))
+                if before is not None:
+                    threads_ms[telemetry].append(per_step(before, thread_cpu_ms(), args.steps))
             off_ms.append(wall[False])
             on_ms.append(wall[True])
             ratios.append(wall[True] / wall[False])
@@ -118,8 +154,37 @@ def measure(args: argparse.Namespace) -> dict:
                 state.close()
     return {
         "world_size": dist.get_world_size(), "summary": summary, "ratios": ratios, "cpu_ratios": cpu_ratios,
-        "off_ms": off_ms, "on_ms": on_ms, "off_cpu": off_cpu, "on_cpu": on_cpu,
+        "off_ms": off_ms, "on_ms": on_ms, "off_cpu": off_cpu, "on_cpu": on_cpu, "threads_ms": threads_ms,
     }
+
+
+#: The rest of the process's CPU time: threads Python did not start (gloo's own, PyTorch's).
+OTHER_THREADS = "(threads outside Python: gloo's, PyTorch's)"
+
+
+def thread_cpu_ms() -> dict[str, float]:
+    """CPU ms so far of every Python thread of this process, summed by thread name (the two
+    arms' watchdogs share a name), and of the rest of the process (:data:`OTHER_THREADS`)."""
+    import threading
+    import time
+
+    total = time.process_time() * 1e3
+    spent: dict[str, float] = {}
+    for thread in threading.enumerate():
+        try:
+            ms = time.clock_gettime(time.pthread_getcpuclockid(thread.ident)) * 1e3
+        except (OSError, TypeError):  # the thread ended in between
+            continue
+        spent[thread.name] = spent.get(thread.name, 0.0) + ms
+    spent[OTHER_THREADS] = total - sum(spent.values())
+    return spent
+
+
+def per_step(before: dict[str, float], after: dict[str, float], steps: int) -> dict[str, float]:
+    """Each thread's CPU ms per step between two :func:`thread_cpu_ms` readings (a thread that
+    started in between counts from zero; one that ended counts nothing)."""
+    return {name: (ms - before.get(name, 0.0)) / steps for name, ms in after.items()
+            if name != OTHER_THREADS or name in before}
 
 
 def attach(args: argparse.Namespace, model, log_dir: str, *, on: bool):
@@ -181,14 +246,57 @@ def report(result: dict, args: argparse.Namespace) -> None:
     quartiles = statistics.quantiles(result["ratios"], n=4) if len(result["ratios"]) > 1 else result["ratios"] * 3
     print(f"ratio spread over rounds: min {min(result['ratios']):.3f}, quartiles {quartiles[0]:.3f} "
           f"{quartiles[1]:.3f} {quartiles[2]:.3f}, max {max(result['ratios']):.3f}")
+    if args.breakdown:
+        report_breakdown(result["threads_ms"])
     ratio = median(result["ratios"])
-    target = DIAGNOSE_TARGET if args.diagnose else LINKS_TARGET if args.links else SPREAD_TARGET if args.spread_every else TARGET
+    target = (LAB_DIAGNOSE_TARGET if args.lab else DIAGNOSE_TARGET) if args.diagnose else LINKS_TARGET if args.links else SPREAD_TARGET if args.spread_every else TARGET
     print(f"median step-time ratio on/off: {ratio:.3f} ({'meets' if ratio <= target else 'misses'} the <= {target} target)")
+
+
+def report_breakdown(threads_ms: dict[bool, list[dict[str, float]]]) -> None:
+    """--breakdown: each thread's CPU ms per step on rank 0, in each arm (the mean over blocks:
+    costs add up, and a small one is not lost under the median's noise), and the difference
+    (what the "on" arm adds, and on which thread)."""
+    names = sorted({name for blocks in threads_ms.values() for block in blocks for name in block})
+
+    def mean_of(arm: bool, name: str) -> float:
+        return statistics.fmean(block.get(name, 0.0) for block in threads_ms[arm]) if threads_ms[arm] else 0.0
+
+    print("CPU ms per step by thread, rank 0 (mean over blocks): off, on, on - off")
+    for name in [*names, "all"]:
+        if name == "all":
+            off, on = (sum(mean_of(arm, n) for n in names) for arm in (False, True))
+        else:
+            off, on = mean_of(False, name), mean_of(True, name)
+        print(f"  {name:45s} {off:8.2f} {on:8.2f} {on - off:+8.2f}")
+
+
+def measure_on_lab(args: argparse.Namespace) -> dict:
+    """Both arms on an emulated lab of ``--nproc`` hosts on ``--link`` links: this script once
+    per host (``--worker``), joined into one job; rank 0 writes the result, read back here."""
+    from ddp_ring_hooks.lab import EmulatedCluster
+
+    with tempfile.TemporaryDirectory(prefix="telemetry_overhead_") as scratch, \
+            EmulatedCluster(hosts=args.nproc, link=args.link) as lab:
+        out = Path(scratch) / "result.json"
+        lab.run([sys.executable, str(Path(__file__).resolve()), *args.argv, "--worker", str(out)], timeout=args.timeout)
+        result = json.loads(out.read_text())
+    result["threads_ms"] = {arm == "true": blocks for arm, blocks in result["threads_ms"].items()}  # JSON's keys
+    return result
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    result = run_on_ranks(measure, args, nproc=args.nproc, backend="gloo")
+    if args.worker:  # one rank of the lab's job (the lab set torchrun's variables)
+        result = run_on_ranks(measure, args, nproc=1, backend="gloo")
+        if os.environ["RANK"] == "0":
+            Path(args.worker).write_text(json.dumps(result))
+        return 0
+    if args.lab:
+        result = measure_on_lab(args)
+        print(f"on an emulated lab of {args.nproc} hosts on {args.link} links, one rank each")
+    else:
+        result = run_on_ranks(measure, args, nproc=args.nproc, backend="gloo")
     if not under_torchrun() or int(os.environ["RANK"]) == 0:  # rank 0 prints the report
         report(result, args)
     return 0

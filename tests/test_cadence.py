@@ -1,12 +1,14 @@
 """The cadence of gathered steps and the one switch ``diagnose=True``, without ranks.
 
 - ``spread_every=N`` gathers every N-th step; ``"auto"`` gathers the warm-up's steps, then as
-  often as keeps the measured cost within 1% of a step, applying each decision ``LAG`` gathers
+  often as keeps the measured cost within BUDGET (half of the 1% target) of a step, applying each decision ``LAG`` gathers
   later, the same answer for a step whoever asks; a decision that never comes stops gathering
   with a warning instead of hanging the hook thread; a broken exchange stops it at once.
 - ``diagnose=True`` is the straggler gather and link timing at ``"auto"`` (a given cadence
   kept), refused when it is not a bool, and taken at every door (``register``'s checks, the
   Lightning and Fabric strategies, the transformers callback), refused there at construction.
+- What a gathered step costs on threads besides the exchange is priced too: the writer's records
+  and the hook thread's marked buckets are charged, and the next exchange's cost carries them.
 - The probe under ``native`` is big enough to be judged and to get past the lab shaper's burst.
 """
 
@@ -27,8 +29,8 @@ pytestmark = pytest.mark.fast
 
 @pytest.mark.parametrize("cost_ms, step_ms, gap", [
     (0.5, 100.0, 1),  # 0.5% of a step: every step
-    (5.0, 100.0, 5),  # 5%: every 5th costs 1%
-    (5.01, 100.0, 6),  # just above: rounded up, never over budget
+    (5.0, 100.0, 10),  # 5%: every 10th costs 0.5%
+    (5.01, 100.0, 11),  # just above: rounded up, never over budget
     (1e6, 100.0, MAX_GAP),  # a slow link is still named within 12 gathers of MAX_GAP
     (5.0, 0.0, 1),  # no step timed yet
     (math.nan, 100.0, 1),  # the cost of a rank whose marks never completed
@@ -58,18 +60,18 @@ def _run(cadence: Cadence, steps: int, *, cost_ms: float, step_ms: float, world_
 
 def test_auto_gathers_the_warm_up_then_as_often_as_the_cost_allows():
     cadence = Cadence("auto")
-    gathered = _run(cadence, 200, cost_ms=4.0, step_ms=100.0)  # the costliest rank's: 4.8 ms -> every 5th
+    gathered = _run(cadence, 200, cost_ms=4.0, step_ms=100.0)  # the costliest rank's: 4.8 ms -> every 10th
     assert gathered[:WARMUP] == list(range(1, WARMUP + 1))
     gaps = [b - a for a, b in zip(gathered, gathered[1:])]
-    assert set(gaps[WARMUP + LAG:]) == {5}, gaps
+    assert set(gaps[WARMUP + LAG:]) == {10}, gaps
     # Past the warm-up the gathers cost at most the budget of the steps they are spread over.
-    later = [s for s in gathered if s > WARMUP + 5 * LAG]
-    assert len(later) * 4.8 <= BUDGET * 100.0 * (200 - WARMUP - 5 * LAG) + 4.8
+    later = [s for s in gathered if s > WARMUP + 10 * LAG]
+    assert len(later) * 4.8 <= BUDGET * 100.0 * (200 - WARMUP - 10 * LAG) + 4.8
     # Any thread asking later gets the hook thread's answer.
     assert [s for s in range(1, 201) if cadence.gathers(s)] == gathered
     line = cadence.summary_line()
-    assert f"{len(gathered)} of 200 steps gathered, now every 5th step" in line, line
-    assert "named within 60 steps" in line, line
+    assert f"{len(gathered)} of 200 steps gathered, now every 10th step" in line, line
+    assert "named within 120 steps" in line, line
 
 
 def test_cheap_gathers_stay_on_every_step():
@@ -96,6 +98,58 @@ def test_a_broken_exchange_releases_a_waiting_hook_thread():
     waiting.join(timeout=5)
     assert not waiting.is_alive() and answer == [True]
     assert not any(cadence.gathers(s) for s in range(WARMUP + 2, WARMUP + 100))
+
+
+def test_charges_from_other_threads_ride_in_the_next_exchanges_cost():
+    cadence = Cadence("auto")
+    cadence.charge(0.25)
+    cadence.charge(0.5)
+    cadence.spent(1.0)
+    assert cadence.row()[0] == pytest.approx(1.75)
+    cadence.spent(1.0)  # charged once: the next exchange starts from nothing
+    assert cadence.row()[0] == pytest.approx(1.0)
+    fixed = Cadence(3)
+    fixed.charge(5.0)  # a fixed cadence prices nothing
+    assert fixed.row() == ()
+
+
+def _charged(cadence: Cadence) -> float:
+    cadence.spent(0.0)
+    return cadence.row()[0]
+
+
+def test_the_writer_and_the_hook_thread_charge_gathered_steps_to_the_cadence():
+    import torch
+
+    from ddp_ring_hooks.telemetry.observation import Observation
+    from ddp_ring_hooks.telemetry.records import Text
+
+    observation = Observation(diagnose=True)
+    cadence = observation.recorder.cadence
+    try:
+        # The hook thread: a gathered (marked) step's hand-over is charged; an unmarked one is not.
+        for index in range(3):
+            observation.hand_over(torch.zeros(1 << 12), step=1, index=index, is_last=index == 2, algorithm="ring",
+                                  group=None)
+        assert _charged(cadence) > 0
+        cadence.decide([[1e3, 1.0]])  # step 1's exchange: costly, so every MAX_GAP-th step later
+        step = 1
+        while step == 1 or cadence.gathers(step):  # the exchanges of the warm-up and the lag decide alike
+            step += 1
+            if cadence.gathers(step):
+                cadence.decide([[1e3, 1.0]])
+        unmarked = step
+        assert _charged(cadence) == 0.0
+        assert not observation.recorder.wants_marks(unmarked)
+        observation.hand_over(torch.zeros(1 << 12), step=unmarked, index=0, is_last=True, algorithm="ring", group=None)
+        assert _charged(cadence) == 0.0
+        # The writer: a watcher's record (they record after gathers) is charged.
+        for _ in range(50):
+            observation.recorder.record(Text(1, "comm/test", "x" * 1000))
+        observation.recorder.flush()
+        assert _charged(cadence) > 0
+    finally:
+        observation.close()
 
 
 def test_the_cadence_record_carries_its_tags():

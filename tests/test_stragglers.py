@@ -134,8 +134,11 @@ def test_diagnose_names_the_straggler_within_the_warm_up_and_blames_no_link(tmp_
         assert steps[k + 1] - steps[k] == gaps[steps[k - LAG]], (steps, gaps)
     # No link blamed for the straggler's lateness: its network never named, and no network in
     # 90% of the gathered steps (on loopback, a step where the 2 cores are busy elsewhere can
-    # slow one rank's transfers; the lab tests of test_link_timing.py assert "never").
-    blamed = list(scalars["comm/links/slow_nic_rank"].values())
+    # slow one rank's transfers; the lab tests of test_link_timing.py assert "never"). After the
+    # first SKIP steps, as for the straggler: DDP's provisional buckets and the layout check's
+    # collectives there blamed a link in 2 of 3 runs under load, and with the cadence's 0.5%
+    # budget there are few gathered steps after the warm-up to outvote them.
+    blamed = [rank for step, rank in scalars["comm/links/slow_nic_rank"].items() if step > SKIP]
     assert 2 not in blamed and blamed.count(-1) >= 0.9 * len(blamed), blamed
     assert "comm/ranks/straggler_rank" in scalars
     for _, _, grads in results[1:]:

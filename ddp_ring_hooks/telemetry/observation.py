@@ -142,6 +142,8 @@ class Observation:
         bytes on the wire (default: as the buffer is)."""
         timer = self._timers.for_buffer(buffer)
         handed = timer.mark()  # first: "handed over" starts queue_ms, exposed_ms, the arrival
+        cadence = self.recorder.cadence
+        began = time.thread_time() if cadence.auto else 0.0  # a marked step's watchers are priced
         opened = self._open
         if opened is None or opened.step != step:
             opened = self._open = self._open_step(step, group)
@@ -155,6 +157,8 @@ class Observation:
             with self._lock:
                 opened.buckets.append(bucket)
                 opened.last_handed = is_last
+            if cadence.auto:
+                cadence.charge((time.thread_time() - began) * 1e3)
         return bucket
 
     def _open_step(self, step: int, group) -> StepWatch:

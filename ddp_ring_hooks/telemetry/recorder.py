@@ -39,6 +39,7 @@ import atexit
 import os
 import queue
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable
@@ -281,18 +282,30 @@ class Telemetry(Watcher):
                 self._flush_sinks()
                 item.set()
                 continue
-            if isinstance(item, Record):  # a watcher's: every sink takes the forms it knows
-                for sink, _ in self._all_routes():
-                    self._guard(lambda: sink.write_record(item))
-                continue
-            step, dropped = item
-            record = self._guard(lambda: self._record_of(step, dropped))
-            if record is None:  # its CUDA events never completed (or reading failed): counted
-                self._count_dropped()
-                continue
-            for sink, wants in self._all_routes():
-                if wants(record.step):
-                    self._guard(lambda: sink.write(record))
+            began = time.thread_time()
+            self._write_item(item)
+            if self.cadence.auto and self._for_gathered(item):  # priced by the cadence
+                self.cadence.charge((time.thread_time() - began) * 1e3)
+
+    def _for_gathered(self, item) -> bool:
+        """Whether writing ``item`` is work a gathered step made: a watcher's record (they record
+        after gathers), or a step's buckets logged only because it gathered (``log_every="auto"``)."""
+        return isinstance(item, Record) or self.options.log_every == AUTO
+
+    def _write_item(self, item) -> None:
+        """One queued record (a watcher's) or step (the buckets' marks) into every sink that takes it."""
+        if isinstance(item, Record):  # a watcher's: every sink takes the forms it knows
+            for sink, _ in self._all_routes():
+                self._guard(lambda: sink.write_record(item))
+            return
+        step, dropped = item
+        record = self._guard(lambda: self._record_of(step, dropped))
+        if record is None:  # its CUDA events never completed (or reading failed): counted
+            self._count_dropped()
+            return
+        for sink, wants in self._all_routes():
+            if wants(record.step):
+                self._guard(lambda: sink.write(record))
 
     @staticmethod
     def _record_of(step: StepWatch, dropped: int):

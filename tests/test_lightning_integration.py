@@ -351,11 +351,13 @@ def test_both_strategies_take_every_option_the_same_way_and_check_it_when_built(
             build(telemetry=TelemetryOptions(log_every=2), log_every=3)
 
 
-def test_the_readme_resume_command_continues_in_the_same_run(tmp_path):
+def test_the_readme_resume_command_continues_in_the_same_run(tmp_path, capsys):
     """train_char_lm.py, then the same command with --resume last, as docs/lightning.md prints them: the
     second run trains --max-steps more steps (it once trained none and ended in
     KeyError: 'train/loss') and continues the first run's TensorBoard curve (it once left an
-    empty version_1)."""
+    empty version_1). A wrong --resume is refused before any training, by the script's own
+    ``main`` in this process (a process of its own would spend its seconds importing Lightning)."""
+    import importlib
     import subprocess
     import sys
     from pathlib import Path
@@ -376,11 +378,18 @@ def test_the_readme_resume_command_continues_in_the_same_run(tmp_path):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return done.stdout
 
+    sys.path.insert(0, str(root / "train_examples"))  # as `python train_examples/train_char_lm.py` has it
+    try:
+        script = importlib.import_module("train_char_lm")
+    finally:
+        sys.path.remove(str(root / "train_examples"))
+
     def refused(*extra: str) -> str:  # before any training: no torchrun needed
-        done = subprocess.run([sys.executable, str(root / "train_examples" / "train_char_lm.py"), "--output-dir",
-                               str(output), *extra], env=environment, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 1 and not done.stdout, done.stderr[-3000:]
-        return done.stderr
+        with pytest.raises(SystemExit) as done:
+            script.main(["--output-dir", str(output), *extra])
+        # SystemExit with a message: Python prints it to stderr and exits with status 1.
+        assert isinstance(done.value.code, str) and not capsys.readouterr().out, done.value.code
+        return done.value.code
 
     assert f"--resume last: no checkpoint to resume; there is none under {output} yet" in refused("--resume", "last")
     train()

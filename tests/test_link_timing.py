@@ -14,7 +14,10 @@
   ``scripts/link_timing_job.py``): one host's link 4x slower -> its rank's network named in the tags
   (read back from the event files), the summary, and by ``ddp-ring-hooks links``; a slow link
   inside a node of a two-tier lab -> that link, no network; equal links -> nothing; a rank
-  sleeping before each forward -> the straggler, no link.
+  sleeping before each forward -> the straggler, no link. The same with ``diagnose=True``:
+  the slow NIC named within 20 steps (ring, and native's probe), equal links nothing in 200
+  steps, the late rank within 20. Each check reads a run of its own, and one launch serves
+  the runs of one lab setting (the slow NIC's three, the equal links' four).
 
 Run: ``python -m pytest -q tests/test_link_timing.py``.
 """
@@ -289,6 +292,32 @@ def test_the_merged_trace_shows_each_links_transfers(every_algorithm):
 
 
 # -- on the emulated lab -----------------------------------------------------------------------
+#
+# Two launches on the flat lab serve the seven checks that use it, each check reading one run
+# of its own (a fresh model and hook: ``--plan`` in scripts/link_timing_job.py): host 2's link
+# at 100 Mbit/s for the slow-NIC runs, every link at 400 Mbit/s for the rest. The ranks'
+# start (torch, DDP's imports, the group's join) is most of a 12-step run's time on 2 cores.
+
+#: Detection with the one switch: within this many steps (issue 32's target).
+DETECT_WITHIN = 20
+#: Each launch's runs, by name: (steps, the job's options).
+#: Only the slow NIC's fixed-cadence run writes event files: the one run whose are read back
+#: (a run with a log_dir also writes its timeline and, at close, the advisor's panel).
+SLOW_NIC_RUNS = {
+    "fixed": {"steps": STEPS},
+    "diagnose_ring": {"steps": 2 * DETECT_WITHIN, "diagnose": True, "algorithm": "ring", "tensorboard": False},
+    "diagnose_native": {"steps": 2 * DETECT_WITHIN, "diagnose": True, "algorithm": "native", "tensorboard": False},
+}
+EQUAL_LINK_RUNS = {
+    "fixed": {"steps": STEPS, "tensorboard": False},
+    "late_rank": {"steps": STEPS, "delay_rank": 1, "delay_ms": 60, "tensorboard": False},
+    "diagnose": {"steps": 200, "diagnose": True, "tensorboard": False},
+    "diagnose_late_rank": {"steps": 2 * DETECT_WITHIN, "diagnose": True, "delay_rank": 1, "delay_ms": 60,
+                           "tensorboard": False},
+}
+#: One launch of several runs: the ranks' start, then each run's steps (about 0.15 s each at
+#: 400 Mbit/s on 2 idle cores; the slow NIC's four times that).
+LAUNCH_TIMEOUT = 400
 
 
 @pytest.fixture(scope="module")
@@ -299,15 +328,43 @@ def flat_lab(lab_machine):
         yield lab
 
 
-def train_on_lab(lab, out: Path, *options: str, steps: int = STEPS) -> list[dict]:
-    """The job on every host of ``lab`` (one rank per host); every rank's ``rank{r}.json``."""
-    lab.run([sys.executable, str(JOB), "--out", str(out), "--steps", str(steps), *options],
-            env={"PYTHONPATH": str(REPO)}, timeout=240)
-    results = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(lab.hosts)]
+def train_on_lab(lab, out: Path, runs: dict[str, dict]) -> dict[str, list[dict]]:
+    """The job's ``runs`` in one launch on every host of ``lab`` (one rank per host); by run,
+    every rank's ``rank{r}.json``."""
+    plan = [{"name": name, **settings} for name, settings in runs.items()]
+    lab.run([sys.executable, str(JOB), "--out", str(out), "--plan", json.dumps(plan)],
+            env={"PYTHONPATH": str(REPO)}, timeout=LAUNCH_TIMEOUT)
+    return {name: ranks_of(out / name, lab.hosts) for name in runs}
+
+
+def ranks_of(out: Path, hosts: int) -> list[dict]:
+    results = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(hosts)]
     assert len({result["checksum"] for result in results}) == 1  # training itself is unchanged
     for other in results[1:]:  # every rank judged the same numbers
         assert other["steps"] == results[0]["steps"]
     return results
+
+
+@pytest.fixture(scope="module")
+def slow_nic(flat_lab, tmp_path_factory):
+    """Host 2's link 4x slower than the others: the runs of SLOW_NIC_RUNS, then the
+    ``links`` command's probe; the link restored after."""
+    out = tmp_path_factory.mktemp("slow_nic")
+    flat_lab.set_rate("100Mbit", host=2)
+    try:
+        results = train_on_lab(flat_lab, out, SLOW_NIC_RUNS)
+        probe = out / "probe.json"
+        flat_lab.run([sys.executable, "-m", "ddp_ring_hooks", "links", "--size", "1M", "--repeats", "3",
+                      "--timeout", "100", "--json", str(probe)], env={"PYTHONPATH": str(REPO)}, timeout=150)
+    finally:
+        flat_lab.set_rate("400Mbit", host=2)
+    return out, results, json.loads(probe.read_text())
+
+
+@pytest.fixture(scope="module")
+def equal_links(flat_lab, tmp_path_factory):
+    """Every link at 400 Mbit/s: the runs of EQUAL_LINK_RUNS."""
+    return train_on_lab(flat_lab, tmp_path_factory.mktemp("equal_links"), EQUAL_LINK_RUNS)
 
 
 def judged(result: dict) -> list[dict]:
@@ -325,20 +382,14 @@ def link_scalars(log_dir: Path) -> dict[str, dict[int, float]]:
             if tag.startswith("comm/links/")}
 
 
-@pytest.mark.timeout(240)
-def test_a_host_with_a_slow_link_is_named_as_that_ranks_network_during_training(flat_lab, tmp_path):
-    flat_lab.set_rate("100Mbit", host=2)
-    try:
-        [first, *_] = train_on_lab(flat_lab, tmp_path)
-        probe = tmp_path / "probe.json"
-        flat_lab.run([sys.executable, "-m", "ddp_ring_hooks", "links", "--size", "1M", "--repeats", "3",
-                      "--timeout", "100", "--json", str(probe)], env={"PYTHONPATH": str(REPO)}, timeout=150)
-    finally:
-        flat_lab.set_rate("400Mbit", host=2)
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 200)
+def test_a_host_with_a_slow_link_is_named_as_that_ranks_network_during_training(slow_nic):
+    out, results, probe = slow_nic
+    [first, *_] = results["fixed"]
     steps = judged(first)
     assert sum(step["slow_nic_rank"] == 2 for step in steps) >= 0.9 * len(steps), steps
     assert first["summary"].splitlines()[-1].startswith("links: rank 2's network is slow: ")
-    scalars = link_scalars(tmp_path / "tb")
+    scalars = link_scalars(out / "fixed" / "tb")
     assert set(scalars) == {f"comm/links/{tag}" for tag in
                             ("slowest_src", "slowest_dst", "slowest_MBps", "median_MBps", "slow_nic_rank")}
     logged = {step: rank for step, rank in scalars["comm/links/slow_nic_rank"].items() if step > SKIP}
@@ -347,7 +398,7 @@ def test_a_host_with_a_slow_link_is_named_as_that_ranks_network_during_training(
     slowest = [(scalars["comm/links/slowest_src"][s], scalars["comm/links/slowest_dst"][s]) for s in logged]
     assert all(2 in link for link in slowest), slowest
     assert scalars["comm/links/slowest_MBps"][STEPS] == pytest.approx(12.5, rel=0.3)
-    assert json.loads(probe.read_text())["verdict"]["slow_nic_rank"] == 2  # the probe agrees
+    assert probe["verdict"]["slow_nic_rank"] == 2  # the probe agrees
 
 
 @pytest.mark.timeout(240)
@@ -358,7 +409,7 @@ def test_a_slow_link_inside_a_node_is_named_as_that_link_not_a_network_during_tr
     # unshaped 2→3; between nodes 1→2 and 3→0 each have a 100 Mbit/s uplink direction to
     # themselves, host 0's 200 Mbit/s is not their bottleneck.
     with EmulatedCluster(hosts=4, nodes=2, uplink="100Mbit", slow={0: "200Mbit"}) as lab:
-        [first, *_] = train_on_lab(lab, tmp_path)
+        [first, *_] = train_on_lab(lab, tmp_path, {"fixed": {"steps": STEPS, "tensorboard": False}})["fixed"]
     steps = judged(first)
     assert sum(step["named"] == [[0, 1]] for step in steps) >= 0.9 * len(steps), steps
     assert all(step["slow_nic_rank"] == -1 for step in steps), steps
@@ -366,16 +417,16 @@ def test_a_slow_link_inside_a_node_is_named_as_that_link_not_a_network_during_tr
     assert "other links inside nodes" in first["summary"]
 
 
-@pytest.mark.timeout(240)
-def test_equal_links_name_nothing_during_training(flat_lab, tmp_path):
-    [first, *_] = train_on_lab(flat_lab, tmp_path)
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
+def test_equal_links_name_nothing_during_training(equal_links):
+    [first, *_] = equal_links["fixed"]
     assert all(step["named"] == [] and step["slow_nic_rank"] == -1 for step in first["steps"]), first["steps"]
     assert first["summary"].splitlines()[-1].startswith("links: no slow link: median ")
 
 
-@pytest.mark.timeout(240)
-def test_a_rank_late_for_compute_is_the_straggler_and_no_link_is_blamed(flat_lab, tmp_path):
-    [first, *_] = train_on_lab(flat_lab, tmp_path, "--delay-rank", "1", "--delay-ms", "60")
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
+def test_a_rank_late_for_compute_is_the_straggler_and_no_link_is_blamed(equal_links):
+    [first, *_] = equal_links["late_rank"]
     stragglers = [rank for step, rank in first["stragglers"].items() if int(step) > SKIP]
     assert sum(rank == 1 for rank in stragglers) >= 0.9 * len(stragglers), stragglers
     *_, straggler_line, links_line = first["summary"].splitlines()
@@ -386,18 +437,13 @@ def test_a_rank_late_for_compute_is_the_straggler_and_no_link_is_blamed(flat_lab
 
 # -- the same with diagnose=True (spread_every="auto"; under native, the probe) --------------------
 
-#: Detection with the one switch: within this many steps (issue 32's target).
-DETECT_WITHIN = 20
 
-
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 200)
 @pytest.mark.parametrize("algorithm", ["ring", "native"])
-def test_diagnose_names_a_4x_slower_nic_within_20_steps(flat_lab, tmp_path, algorithm):
-    flat_lab.set_rate("100Mbit", host=2)
-    try:
-        [first, *_] = train_on_lab(flat_lab, tmp_path, "--diagnose", "--algorithm", algorithm, steps=2 * DETECT_WITHIN)
-    finally:
-        flat_lab.set_rate("400Mbit", host=2)
+def test_diagnose_names_a_4x_slower_nic_within_20_steps(slow_nic, algorithm):
+    _, results, _ = slow_nic
+    [first, *_] = results[f"diagnose_{algorithm}"]
+    assert first["trained_steps"] == 2 * DETECT_WITHIN
     named = [step["step"] for step in first["steps"] if step["slow_nic_rank"] == 2]
     assert named and named[0] <= DETECT_WITHIN, first["steps"]
     # From then on every verdict names it (a record per gathered step: the cadence's gaps).
@@ -408,19 +454,21 @@ def test_diagnose_names_a_4x_slower_nic_within_20_steps(flat_lab, tmp_path, algo
     assert "cadence: auto" in first["summary"]
 
 
-@pytest.mark.timeout(300)
-def test_diagnose_on_equal_links_names_nothing_in_200_steps(flat_lab, tmp_path):
-    [first, *_] = train_on_lab(flat_lab, tmp_path, "--diagnose", steps=200)
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
+def test_diagnose_on_equal_links_names_nothing_in_200_steps(equal_links):
+    [first, *_] = equal_links["diagnose"]
+    assert first["trained_steps"] == 200 and first["steps"]
     assert all(step["named"] == [] and step["slow_nic_rank"] == -1 for step in first["steps"]), first["steps"]
     assert first["summary"].splitlines()[-1].startswith("links: no slow link: median ")
     assert len(first["steps"]) < 200 or "now every step" in first["summary"]  # the cadence spaced them, or said why not
 
 
-@pytest.mark.timeout(240)
-def test_diagnose_names_a_compute_straggler_within_20_steps_and_blames_no_link(flat_lab, tmp_path):
-    [first, *_] = train_on_lab(flat_lab, tmp_path, "--diagnose", "--delay-rank", "1", "--delay-ms", "60",
-                               steps=2 * DETECT_WITHIN)
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
+def test_diagnose_names_a_compute_straggler_within_20_steps_and_blames_no_link(equal_links):
+    [first, *_] = equal_links["diagnose_late_rank"]
+    assert first["trained_steps"] == 2 * DETECT_WITHIN
     stragglers = {int(step): rank for step, rank in first["stragglers"].items() if int(step) > SKIP}
+    assert [s for s in stragglers if s <= DETECT_WITHIN], stragglers  # gathered within the target at all
     assert sum(rank == 1 for step, rank in stragglers.items() if step <= DETECT_WITHIN) >= 0.9 * len(
         [s for s in stragglers if s <= DETECT_WITHIN]), stragglers
     assert "stragglers: rank 1 arrived last in " in first["summary"]

@@ -31,10 +31,11 @@ from dataclasses import replace
 
 from ..schedules import WIRE_BYTES, WIRE_DTYPE, algorithm_names, formula_for, get_algorithm, is_narrow
 from ..schedules.wire import AS_IS
-from .network import Network, from_probe, from_run
+from .network import Network, from_probe, from_run, gather_equivalent_bytes
 from .profile import TimelineRecord, profile_run
 from .ring_order import RingOrderNote, ring_order_note
 from .step_model import Setting, StepModel, run_setting, setting_options
+from .step_model import priced as priced_as
 
 BUCKET_CAPS_MB = (1, 5, 10, 25, 50, 100)
 ACCUMULATE = (1, 2, 4, 8, 16)
@@ -53,13 +54,20 @@ def step_model(records: Sequence[TimelineRecord], *, network: Network | None = N
     profile = profile_run(records)
     options = setting_options(profile, run_setting(profile))
     run_network = from_run(
-        algorithm=profile.algorithm, world_size=profile.world_size,
-        samples=[(b.nbytes, b.service_ms or b.comm_ms) for b in profile.buckets], options=options,
+        algorithm=profile.algorithm, world_size=profile.world_size, samples=fit_samples(profile, options), options=options,
     )
     if network is None and profile.probe:
         network = from_probe(profile.probe, algorithm=profile.probe_algorithm, world_size=profile.world_size,
                              options=setting_options(profile, run_setting(profile)) if profile.probe_algorithm == profile.algorithm else {})
     return StepModel(profile, run_network, network or run_network)
+
+
+def fit_samples(profile, options: dict) -> list[tuple[float, float]]:
+    """``(bytes, ms)`` of the run's buckets for its network fit: a gathered sparse bucket as the
+    dense bucket that puts as many bytes on the links (:func:`~.network.gather_equivalent_bytes`),
+    a densified one by its dense table (its ``nbytes``)."""
+    return [(gather_equivalent_bytes(b.sparse_bytes, profile.world_size, profile.algorithm, **options)
+             if b.sparse and b.kind == "sparse" else b.nbytes, b.service_ms or b.comm_ms) for b in profile.buckets]
 
 
 def ring_order_of_run(model: StepModel) -> RingOrderNote | None:
@@ -94,7 +102,7 @@ def foreign_network_note(model: StepModel) -> list[str]:
     p, setting = model.profile, run_setting(model.profile)
     options = setting_options(p, setting)
     measured = sum(b.service_ms or b.comm_ms for b in p.buckets)
-    priced = sum(model.network.cost_ms(p.algorithm, b.nbytes, p.world_size, **options) for b in p.buckets)
+    priced = sum(model.network.cost_ms(p.algorithm, priced_as(b), p.world_size, **options) for b in p.buckets)
     if measured <= 0 or priced <= 0 or 1 / FOREIGN <= priced / measured <= FOREIGN:
         return []
     return [f"the network given ({model.network.source}) prices this run's buckets at {priced:.1f} ms where they "

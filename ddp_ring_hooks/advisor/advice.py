@@ -8,13 +8,17 @@
      "what_if": [{"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup", "this_run",
                   "speedup_range", "uncertain", ("verdict": wire_dtype rows)}, ...],
      "recommendation": {"knob", "value", "speedup", "why"},
+     "sparse": [{"bucket", "nnz", "sparse_bytes", "dense_bytes", "this_run", "measured_ms",
+                 "gather_ms", "densify_ms", "verdict", "densify_over_gather", "line"}, ...],
      "model": {...}}       # how the numbers were made: network, contention, notes
 
 Fields added since the shape was first published (issue 31): ``speedup_range``, the row's
 speedup on the fastest and slowest network its source allows (``None`` when the source gives
 no error bar); ``uncertain``, the error bar is wider than the gain (or a narrower wire's casts
 were never measured), so the row is no advice; on the ``wire_dtype`` rows ``verdict``, "pays"
-or "does not pay" (``None`` for the run's own wire).
+or "does not pay" (``None`` for the run's own wire). Issue 33: ``sparse``, for each sparse
+gradient bucket the predicted gather and densify times and which wins (:mod:`.sparse_verdict`;
+empty without one).
 
 ``step_ms`` is one optimizer step (all its micro-batches); ``speedup`` is samples per second
 relative to the run; knobs change one at a time from the run's setting; ``this_run`` marks
@@ -34,6 +38,7 @@ from ..schedules.wire import AS_IS
 from .network import Network, from_probe, from_run, gather_equivalent_bytes
 from .profile import TimelineRecord, profile_run
 from .ring_order import RingOrderNote, ring_order_note
+from .sparse_verdict import sparse_verdicts
 from .step_model import Setting, StepModel, run_setting, setting_options
 from .step_model import priced as priced_as
 
@@ -271,6 +276,7 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
         },
         "what_if": rows,
         "recommendation": recommendation,
+        "sparse": sparse_verdicts(model),
         "model": {
             "network": model.network.as_dict(),
             "run_network": model.run_network.as_dict(),
@@ -327,6 +333,7 @@ def format_advice(advice: dict) -> str:
         lines.append("")
     if advice.get("rank_order"):
         lines.append(f"ring order: {advice['rank_order']['line']}")
+    lines += [f"sparse: gather vs densify: {entry['line']}" for entry in advice.get("sparse", ())]
     rec = advice["recommendation"]
     if rec["knob"] is None:
         lines.append(f"recommendation: keep the setting; {rec['why']}")

@@ -1,0 +1,61 @@
+"""Gather or densify: which way a run's sparse buckets travel faster (``register(sparse=...)``).
+
+A sparse gradient bucket (``nn.Embedding(sparse=True)``) is gathered by default (gloo's sparse
+all-reduce: every rank's indices and values to every rank, ``O(p·nnz)``) or, with
+``sparse="dense"``, reduced by the algorithm as the dense table (``2(p-1)/p·n`` for the ring,
+whatever the rows touched). For each sparse bucket of the run:
+
+1. Take its size both ways from the timeline (version 3): ``s``, one rank's indices and values
+   (the median over steps, coalesced), and ``D``, the table as a dense tensor.
+2. Price it both ways with the network that prices the advice (:func:`~.network.bucket_cost`:
+   the run's probe, else its own buckets' fit, else the one given), at the run's world size,
+   with the run's algorithm for the densified way.
+3. The cheaper way is the verdict; the run's own way is shown with what it measured.
+
+Only the bucket's own all-reduce is compared (both ways reduce it on the hook's lanes, the rest
+of the step is the same); the densified way includes making the dense table and the sparse
+result (a pass over ``D`` each, at the probe's γ: free when the network knows no γ).
+"""
+
+from __future__ import annotations
+
+from .network import DENSIFY, GATHER, SparseBucket
+from .step_model import StepModel, priced, run_setting, setting_options
+
+#: What each way is called in the advice.
+WAYS = {GATHER: "gather", DENSIFY: "densify"}
+DONE = {GATHER: "gathered", DENSIFY: "densified"}
+
+
+def sparse_verdicts(model: StepModel) -> list[dict]:
+    """One entry per sparse bucket of the run (the ``--json`` shape's ``sparse`` list, empty for a
+    run without one)::
+
+        {"bucket", "nnz", "sparse_bytes", "dense_bytes", "this_run" ("gather" or "densify"),
+         "measured_ms" (its own way, as the run timed it), "gather_ms", "densify_ms" (predicted),
+         "verdict" ("gather" or "densify": the faster), "densify_over_gather", "line"}
+    """
+    p = model.profile
+    options = setting_options(p, run_setting(p))
+    verdicts = []
+    for index, bucket in enumerate(p.buckets):
+        size = priced(bucket)
+        if not isinstance(size, SparseBucket):
+            continue
+        gather, densify = (model.network.cost_ms(p.algorithm, size.going(way), p.world_size, **options)
+                           for way in (GATHER, DENSIFY))
+        faster = GATHER if gather <= densify else DENSIFY
+        ratio = densify / gather if gather > 0 else float("inf")
+        own = WAYS[size.way]
+        measured = bucket.service_ms or bucket.comm_ms
+        line = (f"sparse bucket {index} ({bucket.nnz} rows of a {bucket.dense_bytes / 2**20:.1f} MiB table, "
+                f"{bucket.sparse_bytes / 2**10:.0f} KiB per rank): gather {gather:.2f} ms vs densify {densify:.2f} ms "
+                f"predicted at {p.world_size} ranks: {WAYS[faster]} wins ({ratio:.2f}x); this run {DONE[size.way]} it "
+                f"in {measured:.2f} ms" + ("" if faster == size.way else
+                                           f"; register(sparse={faster!r}) is predicted faster"))
+        verdicts.append({
+            "bucket": index, "nnz": bucket.nnz, "sparse_bytes": bucket.sparse_bytes, "dense_bytes": bucket.dense_bytes,
+            "this_run": own, "measured_ms": measured, "gather_ms": gather, "densify_ms": densify,
+            "verdict": WAYS[faster], "densify_over_gather": ratio, "line": line,
+        })
+    return verdicts

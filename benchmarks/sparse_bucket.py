@@ -15,7 +15,7 @@ arm the median time of its sparse bucket, and the script prints the median over 
 ``--rows`` (the table) against ``--tokens`` (rows each rank touches per step) sets which way
 wins: the gather moves ``O(p * nnz)`` bytes, the densified ring ``2(p-1)/p * n``. The last lines
 put the advisor's verdict (``advise``'s "sparse: gather vs densify", read from the ``ours`` and
-the ``dense`` arm's timelines, each with its network probe) beside the measured one
+the ``dense`` arm's timelines) beside the measured one
 (``dense / ours``, the median of the rounds' ratios).
 """
 
@@ -31,12 +31,12 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 import ddp_ring_hooks
-from ddp_ring_hooks.advisor import advise
+from ddp_ring_hooks.advisor.advice import step_model
+from ddp_ring_hooks.advisor.sparse_verdict import sparse_verdicts
 from ddp_ring_hooks.launch import run_on_ranks, under_torchrun
 
-# ours and dense probe the network at registration (what `advise` prices with), outside the timed blocks
-ARMS = {"allreduce_hook": {"hook": allreduce_hook}, "ours": {"algorithm": "ring", "network_probe": True},
-        "dense": {"algorithm": "ring", "sparse": "dense", "network_probe": True}}
+ARMS = {"allreduce_hook": {"hook": allreduce_hook}, "ours": {"algorithm": "ring"},
+        "dense": {"algorithm": "ring", "sparse": "dense"}}
 TARGET = 1.05
 
 
@@ -105,7 +105,7 @@ def report(result: dict, args: argparse.Namespace) -> None:
     measured = statistics.median(a / b for a, b in zip(times["dense"], times["ours"]))
     print(f"  measured: dense/ours {measured:.2f}: {'gather' if measured >= 1 else 'densify'} wins")
     for name, way in (("ours", "gathered"), ("dense", "densified")):
-        [verdict] = advise(result["records"][name])["sparse"]
+        [verdict] = sparse_verdicts(step_model(result["records"][name]))
         print(f"  predicted from the {way} run: densify/gather {verdict['densify_over_gather']:.2f} "
               f"(gather {verdict['gather_ms']:.2f} ms, densify {verdict['densify_ms']:.2f} ms): "
               f"{verdict['verdict']} wins{'' if verdict['verdict'] == ('gather' if measured >= 1 else 'densify') else ' (NOT the measured way)'}")

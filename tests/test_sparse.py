@@ -141,14 +141,14 @@ def sparse_buckets(rank: int, world_size: int, directory: str) -> dict:
 
     # 5. The advisor's verdict, gather or densify, against both ways measured: a large table a
     #    few rows of which are touched (the gather wins) and a small one every row of which is
-    #    (densifying wins). Each way's timeline (with its network probe) and its bucket's times;
+    #    (densifying wins). Each way's timeline and its bucket's times;
     #    the two ways' steps alternate (a barrier before each), so a load that comes and goes hits both alike.
     for name, (rows, dim, tokens) in VERDICT_TABLES.items():
         ways = {}
         for way in ("gather", "dense"):
             torch.manual_seed(0)
             model = DDP(torch.nn.Embedding(rows, dim, sparse=True))
-            ways[way] = (model, ddp_ring_hooks.register(model, sparse=way, network_probe=True))
+            ways[way] = (model, ddp_ring_hooks.register(model, sparse=way))
         generator = torch.Generator().manual_seed(rank)
         for _ in range(VERDICT_STEPS):
             tokens_of_step = torch.randint(0, rows, (tokens,), generator=generator)

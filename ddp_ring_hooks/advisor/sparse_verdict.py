@@ -7,9 +7,12 @@ whatever the rows touched). For each sparse bucket of the run:
 
 1. Take its size both ways from the timeline (version 3): ``s``, one rank's indices and values
    (the median over steps, coalesced), and ``D``, the table as a dense tensor.
-2. Price it both ways with the network that prices the advice (:func:`~.network.bucket_cost`:
-   the run's probe, else its own buckets' fit, else the one given), at the run's world size,
-   with the run's algorithm for the densified way.
+2. Price it both ways (:func:`~.network.bucket_cost`) at the run's world size, with the run's
+   algorithm for the densified way, on the network fitted to the run's own buckets as they ran
+   (its sparse bucket among them), or on the one given (``--network``: another cluster). Not on
+   the probe: its α-β split, fitted to two sizes, is fragile on a loaded machine (at load 7 on
+   2 cores it gave α = 2.5 ms, which priced a 24 MiB ring below a 34 KiB gather), while the
+   run's own bucket prices the bytes of the way it travelled directly.
 3. The cheaper way is the verdict; the run's own way is shown with what it measured.
 
 Only the bucket's own all-reduce is compared (both ways reduce it on the hook's lanes, the rest
@@ -37,12 +40,13 @@ def sparse_verdicts(model: StepModel) -> list[dict]:
     """
     p = model.profile
     options = setting_options(p, run_setting(p))
+    network = model.run_network if model.network.here else model.network
     verdicts = []
     for index, bucket in enumerate(p.buckets):
         size = priced(bucket)
         if not isinstance(size, SparseBucket):
             continue
-        gather, densify = (model.network.cost_ms(p.algorithm, size.going(way), p.world_size, **options)
+        gather, densify = (network.cost_ms(p.algorithm, size.going(way), p.world_size, **options)
                            for way in (GATHER, DENSIFY))
         faster = GATHER if gather <= densify else DENSIFY
         ratio = densify / gather if gather > 0 else float("inf")

@@ -25,6 +25,11 @@ from __future__ import annotations
 from .network import DENSIFY, GATHER, SparseBucket
 from .step_model import StepModel, priced, run_setting, setting_options
 
+#: A predicted ratio this close to 1 is a close call: the α-β-γ prices leave out gloo's sparse
+#: work beyond its bytes (2 ranks, a 1000 x 64 table all of whose rows are touched: predicted
+#: 0.99, measured 0.40-0.88), so the line says to measure both.
+CLOSE = 0.10
+
 #: What each way is called in the advice.
 WAYS = {GATHER: "gather", DENSIFY: "densify"}
 DONE = {GATHER: "gathered", DENSIFY: "densified"}
@@ -36,7 +41,8 @@ def sparse_verdicts(model: StepModel) -> list[dict]:
 
         {"bucket", "nnz", "sparse_bytes", "dense_bytes", "this_run" ("gather" or "densify"),
          "measured_ms" (its own way, as the run timed it), "gather_ms", "densify_ms" (predicted),
-         "verdict" ("gather" or "densify": the faster), "densify_over_gather", "line"}
+         "verdict" ("gather" or "densify": the faster), "densify_over_gather",
+         "close" (within CLOSE of 1: measure both), "line"}
     """
     p = model.profile
     options = setting_options(p, run_setting(p))
@@ -51,15 +57,17 @@ def sparse_verdicts(model: StepModel) -> list[dict]:
         faster = GATHER if gather <= densify else DENSIFY
         ratio = densify / gather if gather > 0 else float("inf")
         own = WAYS[size.way]
+        close = abs(ratio - 1) < CLOSE
         measured = bucket.service_ms or bucket.comm_ms
         line = (f"sparse bucket {index} ({bucket.nnz} rows of a {bucket.dense_bytes / 2**20:.1f} MiB table, "
                 f"{bucket.sparse_bytes / 2**10:.0f} KiB per rank): gather {gather:.2f} ms vs densify {densify:.2f} ms "
-                f"predicted at {p.world_size} ranks: {WAYS[faster]} wins ({ratio:.2f}x); this run {DONE[size.way]} it "
+                f"predicted at {p.world_size} ranks: {WAYS[faster]} wins ({ratio:.2f}x"
+                f"{f', within {CLOSE:.0%}: a close call, measure both ways' if close else ''}); this run {DONE[size.way]} it "
                 f"in {measured:.2f} ms" + ("" if faster == size.way else
                                            f"; register(sparse={faster!r}) is predicted faster"))
         verdicts.append({
             "bucket": index, "nnz": bucket.nnz, "sparse_bytes": bucket.sparse_bytes, "dense_bytes": bucket.dense_bytes,
             "this_run": own, "measured_ms": measured, "gather_ms": gather, "densify_ms": densify,
-            "verdict": WAYS[faster], "densify_over_gather": ratio, "line": line,
+            "verdict": WAYS[faster], "densify_over_gather": ratio, "close": close, "line": line,
         })
     return verdicts

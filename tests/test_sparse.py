@@ -276,11 +276,11 @@ def test_a_sparse_buckets_bytes_are_its_rows_as_the_gather_coalesces_them_withou
     the rows the gather sends once gloo has coalesced it, and leaves the tensor uncoalesced."""
     from ddp_ring_hooks.runtime.wire import SPARSE, bucket_bytes, coalesced_nnz, sparse_bytes
 
-    grad = torch.sparse_coo_tensor(torch.tensor([[3, 1, 3, 7, 1]]), torch.ones(5, 4), (10, 4))
+    grad = torch.sparse_coo_tensor(torch.tensor([[3, 1, 3, 7, 1]]), torch.ones(5, 4), (10, 4), check_invariants=True)
     assert not grad.is_coalesced() and grad._nnz() == 5
     assert coalesced_nnz(grad) == grad.coalesce()._nnz() == 3 and not grad.is_coalesced()
     assert sparse_bytes(grad) == 3 * (8 + 4 * 4) == sparse_bytes(grad.coalesce())
     size = bucket_bytes(grad, None, kind=SPARSE, world_size=4)
     assert (size.nnz, size.nbytes, size.wire_bytes, size.dense_bytes) == (3, 72, 3 * 72, 10 * 4 * 4)
-    pairs = torch.sparse_coo_tensor(torch.tensor([[0, 0, 1], [2, 2, 2]]), torch.ones(3), (2, 3))
+    pairs = torch.sparse_coo_tensor(torch.tensor([[0, 0, 1], [2, 2, 2]]), torch.ones(3), (2, 3), check_invariants=True)
     assert coalesced_nnz(pairs) == 2 and sparse_bytes(pairs) == 2 * (2 * 8 + 4)

@@ -284,3 +284,32 @@ def test_a_sparse_buckets_bytes_are_its_rows_as_the_gather_coalesces_them_withou
     assert (size.nnz, size.nbytes, size.wire_bytes, size.dense_bytes) == (3, 72, 3 * 72, 10 * 4 * 4)
     pairs = torch.sparse_coo_tensor(torch.tensor([[0, 0, 1], [2, 2, 2]]), torch.ones(3), (2, 3), check_invariants=True)
     assert coalesced_nnz(pairs) == 2 and sparse_bytes(pairs) == 2 * (2 * 8 + 4)
+
+
+@pytest.mark.fast
+def test_the_advisors_rows_price_a_sparse_bucket_as_it_travelled():
+    """A recorded run (tests/test_advisor.py's two-bucket timeline) whose 3 MiB parameter is a
+    sparse table gathered as 64 KiB of rows: the verdict says gather; another bucket cap
+    repacks only the dense parameter (the table keeps its own bucket); larger worlds pay the
+    gather's (p - 1) growth, so their communication grows."""
+    from dataclasses import replace
+
+    from ddp_ring_hooks.advisor import advise
+    from ddp_ring_hooks.advisor.advice import step_model
+    from ddp_ring_hooks.advisor.step_model import run_setting
+    from tests.test_advisor import MIB, ring_ms, timeline
+
+    records = timeline(ready=[2.0, 20.0])
+    # at 2 ranks the gather sends its 64 KiB once, as a ring of 64 KiB would: it took that long
+    sparse = {"kind": "sparse", "nnz": 248, "sparse_bytes": 64 * 1024, "dense_bytes": 3 * MIB, "nbytes": 64 * 1024}
+    table = [replace(s.buckets[1], end_ms=s.buckets[1].start_ms + ring_ms(64 * 1024), **sparse) for s in records[1:]]
+    records = [records[0], *(replace(s, buckets=(s.buckets[0], t)) for s, t in zip(records[1:], table))]
+    advice = advise(records)
+    [verdict] = advice["sparse"]
+    assert (verdict["bucket"], verdict["this_run"], verdict["verdict"]) == (1, "gather", "gather")
+    assert verdict["densify_ms"] > verdict["gather_ms"] and not verdict["close"]
+    model = step_model(records)
+    # the 1 MiB parameter fills a 1 MB bucket; the table keeps its own (repacked too: 3 buckets)
+    assert model.predict(replace(run_setting(model.profile), bucket_cap_mb=1.0)).buckets == 2
+    comm = {r["value"]: r["comm_ms"] for r in advice["what_if"] if r["knob"] == "world_size"}
+    assert comm[512] > comm[64] > comm[8]

@@ -13,7 +13,10 @@ arm the median time of its sparse bucket, and the script prints the median over 
     python benchmarks/sparse_bucket.py --rounds 20 --rows 1000 --tokens 4096 --nproc 2
 
 ``--rows`` (the table) against ``--tokens`` (rows each rank touches per step) sets which way
-wins: the gather moves ``O(p * nnz)`` bytes, the densified ring ``2(p-1)/p * n``.
+wins: the gather moves ``O(p * nnz)`` bytes, the densified ring ``2(p-1)/p * n``. The last lines
+put the advisor's verdict (``advise``'s "sparse: gather vs densify", read from the ``ours`` and
+the ``dense`` arm's timelines) beside the measured one
+(``dense / ours``, the median of the rounds' ratios).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 import ddp_ring_hooks
+from ddp_ring_hooks.advisor.advice import step_model
+from ddp_ring_hooks.advisor.sparse_verdict import sparse_verdicts
 from ddp_ring_hooks.launch import run_on_ranks, under_torchrun
 
 ARMS = {"allreduce_hook": {"hook": allreduce_hook}, "ours": {"algorithm": "ring"},
@@ -74,9 +79,10 @@ def measure(args: argparse.Namespace) -> dict:
         for name in names[round_index % len(names):] + names[:round_index % len(names)]:
             dist.barrier()
             times[name].append(block(name, args.steps))
+    records = {name: arms[name][1].timeline.records() for name in ("ours", "dense")}
     for _, state in arms.values():
         state.close()
-    return {"world_size": dist.get_world_size(), "times": times}
+    return {"world_size": dist.get_world_size(), "times": times, "records": records}
 
 
 def _bucket_ms(state) -> list[float]:
@@ -96,6 +102,13 @@ def report(result: dict, args: argparse.Namespace) -> None:
               f"(min {min(ratios):.3f}, max {max(ratios):.3f})"
               + (f" ({'meets' if statistics.median(ratios) <= TARGET else 'misses'} the <= {TARGET} target)"
                  if name == "ours" else ""))
+    measured = statistics.median(a / b for a, b in zip(times["dense"], times["ours"]))
+    print(f"  measured: dense/ours {measured:.2f}: {'gather' if measured >= 1 else 'densify'} wins")
+    for name, way in (("ours", "gathered"), ("dense", "densified")):
+        [verdict] = sparse_verdicts(step_model(result["records"][name]))
+        print(f"  predicted from the {way} run: densify/gather {verdict['densify_over_gather']:.2f} "
+              f"(gather {verdict['gather_ms']:.2f} ms, densify {verdict['densify_ms']:.2f} ms): "
+              f"{verdict['verdict']} wins{'' if verdict['verdict'] == ('gather' if measured >= 1 else 'densify') else ' (NOT the measured way)'}")
 
 
 def main(argv=None) -> int:

@@ -17,6 +17,9 @@ from tests._dist import run_ranks
 from tests.conftest import digest
 
 STEPS = 3
+#: The advisor's verdict's two tables: (rows, floats a row, rows looked up per rank per step).
+VERDICT_TABLES = {"large": (200_000, 32, 256), "small": (1000, 256, 4096)}
+VERDICT_STEPS = 8
 
 
 class SparseGradientModule(torch.nn.Module):
@@ -135,6 +138,29 @@ def sparse_buckets(rank: int, world_size: int, directory: str) -> dict:
     except BucketLayoutMismatchError as error:
         results["mismatch"] = str(error)
     dist.barrier()
+
+    # 5. The advisor's verdict, gather or densify, against both ways measured: a large table a
+    #    few rows of which are touched (the gather wins) and a small one every row of which is
+    #    (densifying wins). Each way's timeline and its bucket's times;
+    #    the two ways' steps alternate (a barrier before each), so a load that comes and goes hits both alike.
+    for name, (rows, dim, tokens) in VERDICT_TABLES.items():
+        ways = {}
+        for way in ("gather", "dense"):
+            torch.manual_seed(0)
+            model = DDP(torch.nn.Embedding(rows, dim, sparse=True))
+            ways[way] = (model, ddp_ring_hooks.register(model, sparse=way))
+        generator = torch.Generator().manual_seed(rank)
+        for _ in range(VERDICT_STEPS):
+            tokens_of_step = torch.randint(0, rows, (tokens,), generator=generator)
+            for model, _ in ways.values():
+                dist.barrier()  # each bucket's time is its all-reduce, not a wait for a rank still on the other way
+                model(tokens_of_step).sum().backward()
+                model.module.weight.grad = None
+        for way, (_, state) in ways.items():
+            records = state.timeline.records()
+            results[f"verdict {name} {way}"] = {
+                "records": records, "ms": [b.comm_ms for r in records[2:] for b in getattr(r, "buckets", ())]}
+            state.close()
     return results
 
 
@@ -190,3 +216,100 @@ def test_ranks_reducing_a_sparse_bucket_different_ways_are_stopped_by_the_layout
     for found in sparse_runs[1]:
         message = found.get("mismatch", "")
         assert "kind of bucket" in message and "sparse=" in message, message
+
+
+def test_the_advisors_sparse_verdict_matches_both_ways_measured(sparse_runs):
+    """Issue 33: each way's run, read by the advisor, predicts the way that measured faster (on
+    rank 0's timeline, the one ``advise`` reads): the gather on the large table, densifying on
+    the small one; and its ``advise`` text and JSON carry the verdict."""
+    import statistics
+
+    from ddp_ring_hooks.advisor import advise
+    from ddp_ring_hooks.advisor.advice import format_advice
+
+    found = sparse_runs[1][0]
+    expected = {"large": "gather", "small": "densify"}
+    for name in VERDICT_TABLES:
+        gather = statistics.median(found[f"verdict {name} gather"]["ms"])
+        dense = statistics.median(found[f"verdict {name} dense"]["ms"])
+        measured = "gather" if gather <= dense else "densify"
+        assert measured == expected[name], f"{name}: measured gather {gather:.2f} ms, densified {dense:.2f} ms"
+        for way, own in (("gather", "gather"), ("dense", "densify")):
+            advice = advise(found[f"verdict {name} {way}"]["records"])
+            [verdict] = advice["sparse"]
+            assert verdict["this_run"] == own and verdict["verdict"] == measured, (name, way, verdict["line"])
+            assert f"sparse: gather vs densify: sparse bucket 0" in format_advice(advice)
+
+
+@pytest.mark.fast
+def test_a_timeline_before_version_3_reads_its_buckets_as_dense_and_the_advisor_prices_them_so():
+    """A version-2 line (no kind, no nnz) reads as a dense bucket; a version-3 sparse bucket is
+    priced as it travelled: its gather grows with the world size, a densified table's ring does not."""
+    import dataclasses
+    import json
+
+    from ddp_ring_hooks.advisor.network import DENSIFY, GATHER, SparseBucket, bucket_cost, from_latency_bandwidth
+    from ddp_ring_hooks.telemetry.timeline_records import TimelineBucket, TimelineStep
+
+    old = {"index": 0, "nbytes": 4096, "ready_ms": 1.0, "start_ms": 1.0, "end_ms": 2.0, "cpu_ms": 0.5}
+    step = {"type": "step", "step": 2, "micro_batches": 1, "step_ms": 9.0, "nosync_micro_ms": [],
+            "nosync_other_cpu_ms": [], "forward_ms": 1.0, "backward_ms": 2.0, "exposed_ms": 1.0, "optimizer_ms": 1.0,
+            "tail_ms": 1.0, "sync_other_cpu_ms": 0.0, "buckets": [old]}
+    bucket = TimelineStep.from_json(json.dumps(step)).buckets[0]
+    assert bucket.kind == "dense" and bucket.nnz is None and bucket.dense_bytes is None
+    sparse = TimelineBucket(**{**old, "kind": "sparse", "nnz": 10, "sparse_bytes": 720, "dense_bytes": 64_000})
+    written = dataclasses.replace(TimelineStep.from_json(json.dumps(step)), buckets=(sparse,))
+    assert TimelineStep.from_json(written.to_json()) == written
+
+    network = from_latency_bandwidth(latency_s=0.0, bandwidth_Bps=1e9)
+    table = SparseBucket(sparse_bytes=1e6, dense_bytes=4e6)
+    gathered = [bucket_cost(network, "ring", table, p).link_ms for p in (2, 4, 8)]
+    assert gathered == pytest.approx([1.0, 3.0, 7.0])  # (p - 1) x s at 1 GB/s
+    densified = [bucket_cost(network, "ring", table.going(DENSIFY), p).link_ms for p in (2, 4, 8)]
+    assert densified == pytest.approx([4.0, 6.0, 7.0])  # 2(p-1)/p x D: bounded by 2D
+    assert table.way == GATHER and bucket_cost(network, "tree", table, 4) == bucket_cost(network, "ring", table, 4)
+
+
+@pytest.mark.fast
+def test_a_sparse_buckets_bytes_are_its_rows_as_the_gather_coalesces_them_without_coalescing_it():
+    """runtime/wire.py counts an uncoalesced gradient (a row looked up twice is stored twice) by
+    the rows the gather sends once gloo has coalesced it, and leaves the tensor uncoalesced."""
+    from ddp_ring_hooks.runtime.wire import SPARSE, bucket_bytes, coalesced_nnz, sparse_bytes
+
+    grad = torch.sparse_coo_tensor(torch.tensor([[3, 1, 3, 7, 1]]), torch.ones(5, 4), (10, 4), check_invariants=True)
+    assert not grad.is_coalesced() and grad._nnz() == 5
+    assert coalesced_nnz(grad) == grad.coalesce()._nnz() == 3 and not grad.is_coalesced()
+    assert sparse_bytes(grad) == 3 * (8 + 4 * 4) == sparse_bytes(grad.coalesce())
+    size = bucket_bytes(grad, None, kind=SPARSE, world_size=4)
+    assert (size.nnz, size.nbytes, size.wire_bytes, size.dense_bytes) == (3, 72, 3 * 72, 10 * 4 * 4)
+    pairs = torch.sparse_coo_tensor(torch.tensor([[0, 0, 1], [2, 2, 2]]), torch.ones(3), (2, 3), check_invariants=True)
+    assert coalesced_nnz(pairs) == 2 and sparse_bytes(pairs) == 2 * (2 * 8 + 4)
+
+
+@pytest.mark.fast
+def test_the_advisors_rows_price_a_sparse_bucket_as_it_travelled():
+    """A recorded run (tests/test_advisor.py's two-bucket timeline) whose 3 MiB parameter is a
+    sparse table gathered as 64 KiB of rows: the verdict says gather; another bucket cap
+    repacks only the dense parameter (the table keeps its own bucket); larger worlds pay the
+    gather's (p - 1) growth, so their communication grows."""
+    from dataclasses import replace
+
+    from ddp_ring_hooks.advisor import advise
+    from ddp_ring_hooks.advisor.advice import step_model
+    from ddp_ring_hooks.advisor.step_model import run_setting
+    from tests.test_advisor import MIB, ring_ms, timeline
+
+    records = timeline(ready=[2.0, 20.0])
+    # at 2 ranks the gather sends its 64 KiB once, as a ring of 64 KiB would: it took that long
+    sparse = {"kind": "sparse", "nnz": 248, "sparse_bytes": 64 * 1024, "dense_bytes": 3 * MIB, "nbytes": 64 * 1024}
+    table = [replace(s.buckets[1], end_ms=s.buckets[1].start_ms + ring_ms(64 * 1024), **sparse) for s in records[1:]]
+    records = [records[0], *(replace(s, buckets=(s.buckets[0], t)) for s, t in zip(records[1:], table))]
+    advice = advise(records)
+    [verdict] = advice["sparse"]
+    assert (verdict["bucket"], verdict["this_run"], verdict["verdict"]) == (1, "gather", "gather")
+    assert verdict["densify_ms"] > verdict["gather_ms"] and not verdict["close"]
+    model = step_model(records)
+    # the 1 MiB parameter fills a 1 MB bucket; the table keeps its own (repacked too: 3 buckets)
+    assert model.predict(replace(run_setting(model.profile), bucket_cap_mb=1.0)).buckets == 2
+    comm = {r["value"]: r["comm_ms"] for r in advice["what_if"] if r["knob"] == "world_size"}
+    assert comm[512] > comm[64] > comm[8]

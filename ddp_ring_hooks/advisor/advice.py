@@ -8,13 +8,17 @@
      "what_if": [{"knob", "value", "step_ms", "comm_ms", "exposed_ms", "speedup", "this_run",
                   "speedup_range", "uncertain", ("verdict": wire_dtype rows)}, ...],
      "recommendation": {"knob", "value", "speedup", "why"},
+     "sparse": [{"bucket", "nnz", "sparse_bytes", "dense_bytes", "this_run", "measured_ms",
+                 "gather_ms", "densify_ms", "verdict", "densify_over_gather", "line"}, ...],
      "model": {...}}       # how the numbers were made: network, contention, notes
 
 Fields added since the shape was first published (issue 31): ``speedup_range``, the row's
 speedup on the fastest and slowest network its source allows (``None`` when the source gives
 no error bar); ``uncertain``, the error bar is wider than the gain (or a narrower wire's casts
 were never measured), so the row is no advice; on the ``wire_dtype`` rows ``verdict``, "pays"
-or "does not pay" (``None`` for the run's own wire).
+or "does not pay" (``None`` for the run's own wire). Issue 33: ``sparse``, for each sparse
+gradient bucket the predicted gather and densify times and which wins (:mod:`.sparse_verdict`;
+empty without one).
 
 ``step_ms`` is one optimizer step (all its micro-batches); ``comm_ms`` communication from each
 bucket's hand-over (queue included) and ``exposed_ms`` its part after backward, so never more
@@ -33,10 +37,12 @@ from dataclasses import replace
 
 from ..schedules import WIRE_BYTES, WIRE_DTYPE, algorithm_names, formula_for, get_algorithm, is_narrow
 from ..schedules.wire import AS_IS
-from .network import Network, from_probe, from_run
+from .network import Network, from_probe, from_run, gather_equivalent_bytes
 from .profile import TimelineRecord, profile_run
 from .ring_order import RingOrderNote, ring_order_note
+from .sparse_verdict import sparse_verdicts
 from .step_model import Setting, StepModel, run_setting, setting_options
+from .step_model import priced as priced_as
 
 BUCKET_CAPS_MB = (1, 5, 10, 25, 50, 100)
 ACCUMULATE = (1, 2, 4, 8, 16)
@@ -55,13 +61,20 @@ def step_model(records: Sequence[TimelineRecord], *, network: Network | None = N
     profile = profile_run(records)
     options = setting_options(profile, run_setting(profile))
     run_network = from_run(
-        algorithm=profile.algorithm, world_size=profile.world_size,
-        samples=[(b.nbytes, b.service_ms or b.comm_ms) for b in profile.buckets], options=options,
+        algorithm=profile.algorithm, world_size=profile.world_size, samples=fit_samples(profile, options), options=options,
     )
     if network is None and profile.probe:
         network = from_probe(profile.probe, algorithm=profile.probe_algorithm, world_size=profile.world_size,
                              options=setting_options(profile, run_setting(profile)) if profile.probe_algorithm == profile.algorithm else {})
     return StepModel(profile, run_network, network or run_network)
+
+
+def fit_samples(profile, options: dict) -> list[tuple[float, float]]:
+    """``(bytes, ms)`` of the run's buckets for its network fit: a gathered sparse bucket as the
+    dense bucket that puts as many bytes on the links (:func:`~.network.gather_equivalent_bytes`),
+    a densified one by its dense table (its ``nbytes``)."""
+    return [(gather_equivalent_bytes(b.sparse_bytes, profile.world_size, profile.algorithm, **options)
+             if b.sparse and b.kind == "sparse" else b.nbytes, b.service_ms or b.comm_ms) for b in profile.buckets]
 
 
 def ring_order_of_run(model: StepModel) -> RingOrderNote | None:
@@ -96,7 +109,7 @@ def foreign_network_note(model: StepModel) -> list[str]:
     p, setting = model.profile, run_setting(model.profile)
     options = setting_options(p, setting)
     measured = sum(b.service_ms or b.comm_ms for b in p.buckets)
-    priced = sum(model.network.cost_ms(p.algorithm, b.nbytes, p.world_size, **options) for b in p.buckets)
+    priced = sum(model.network.cost_ms(p.algorithm, priced_as(b), p.world_size, **options) for b in p.buckets)
     if measured <= 0 or priced <= 0 or 1 / FOREIGN <= priced / measured <= FOREIGN:
         return []
     return [f"the network given ({model.network.source}) prices this run's buckets at {priced:.1f} ms where they "
@@ -282,6 +295,7 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
         },
         "what_if": rows,
         "recommendation": recommendation,
+        "sparse": sparse_verdicts(model),
         "model": {
             "network": model.network.as_dict(),
             "run_network": model.run_network.as_dict(),
@@ -338,6 +352,7 @@ def format_advice(advice: dict) -> str:
         lines.append("")
     if advice.get("rank_order"):
         lines.append(f"ring order: {advice['rank_order']['line']}")
+    lines += [f"sparse: gather vs densify: {entry['line']}" for entry in advice.get("sparse", ())]
     rec = advice["recommendation"]
     if rec["knob"] is None:
         lines.append(f"recommendation: keep the setting; {rec['why']}")

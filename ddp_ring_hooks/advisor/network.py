@@ -20,6 +20,21 @@ priced with its registry record's formula, ``formula_for``: ``native`` with the 
 - :func:`from_two_tier`: a :class:`~ddp_ring_hooks.cost_model.TwoTier` network (nodes whose
   ranks share one uplink; ``advise --placement``): every algorithm priced from its schedule
   on it, the ring's crossings and the hierarchy's shard included.
+
+A sparse bucket (``nn.Embedding(sparse=True)``, a :class:`SparseBucket`) is priced by
+:func:`bucket_cost` as it travels, with the same links (``s``: one rank's indices and values,
+``D``: the table as a dense tensor, ``p`` ranks)::
+
+    gathered (gloo's sparse all-reduce)    3(p-1)·α + (p-1)·s·β + 2p·s·γ
+        three ring all-gathers (counts, indices, values), each rank's s bytes reaching the other
+        p-1; then every rank adds the p shares and coalesces the sum (2p·s bytes of local passes)
+    densified (sparse="dense")             the algorithm on D bytes + 2·D·γ
+        e.g. the ring: 2(p-1)·α + 2(p-1)/p·D·β + (p-1)/p·D·γ; plus the scatter into a dense table
+        and the gather of its non-zero rows back (a pass over D each)
+
+The gather grows with ``p`` (every rank receives every other rank's rows), the densified ring
+does not: which wins depends on the table, the rows touched and the world size
+(:mod:`.sparse_verdict`).
 """
 
 from __future__ import annotations
@@ -28,7 +43,7 @@ import functools
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..cost_model import Links, ProbeSample, TwoTier, bytes_sent_per_rank, coefficients, cost_terms, fit, fit_probe
 from ..schedules import CostTerms, algorithm_names, build_schedule, formula_for, get_algorithm
@@ -98,8 +113,9 @@ class Network:
             return self.two_tier.terms(formula, nbytes, world_size, **options), self.two_tier.links
         return cost_terms(formula, world_size, nbytes=nbytes, **options), self.calibration(algorithm)
 
-    def cost_ms(self, algorithm: str, nbytes: float, world_size: int, **options) -> float:
-        """Predicted ms to all-reduce one bucket of ``nbytes`` over ``world_size`` ranks, alone."""
+    def cost_ms(self, algorithm: str, nbytes: float | SparseBucket, world_size: int, **options) -> float:
+        """Predicted ms to all-reduce one bucket of ``nbytes`` (or a :class:`SparseBucket`) over
+        ``world_size`` ranks, alone."""
         return bucket_cost(self, algorithm, nbytes, world_size, **options).total_ms
 
     def as_dict(self) -> dict:
@@ -113,17 +129,70 @@ class Network:
         }
 
 
-def bucket_cost(network: Network, algorithm: str, nbytes: float, world_size: int, **options) -> BucketCost:
+#: How a sparse bucket travels (``register(sparse=...)``): gathered by the group, or densified.
+GATHER, DENSIFY = "gather", "dense"
+
+
+@dataclass(frozen=True)
+class SparseBucket:
+    """A sparse gradient bucket as the advisor prices it: ``sparse_bytes``, one rank's indices
+    and values (coalesced: what it puts in the gather); ``dense_bytes``, the table as a dense
+    tensor (what densifying reduces); ``way``, :data:`GATHER` or :data:`DENSIFY`."""
+
+    sparse_bytes: float
+    dense_bytes: float
+    way: str = GATHER
+
+    def __post_init__(self) -> None:
+        if self.way not in (GATHER, DENSIFY):
+            raise ValueError(f"a sparse bucket travels {GATHER!r} or {DENSIFY!r}, not {self.way!r}")
+
+    def going(self, way: str) -> SparseBucket:
+        """The same bucket, reduced the other ``way``."""
+        return replace(self, way=way)
+
+    @property
+    def nbytes(self) -> float:
+        """Its bytes as the telemetry counts them for its way (``runtime/wire.py``)."""
+        return self.sparse_bytes if self.way == GATHER else self.dense_bytes
+
+
+def bucket_cost(network: Network, algorithm: str, nbytes: float | SparseBucket, world_size: int,
+                **options) -> BucketCost:
     """What one bucket of ``nbytes`` costs the replay (:mod:`.replay`): the one price of a
     bucket, for every row of the advice. ``link``: its bytes on the links (``bytes·β``, and inside
     a node ``local_bytes·β_l``); ``fixed``: the rest, on its lane (every message's ``α``, the
-    additions and casts at ``γ``). A new kind of bucket (sparse, a foreign hook's) is priced by
-    extending this function."""
+    additions and casts at ``γ``). A :class:`SparseBucket` is priced as it travels (the module
+    docstring): gathered whatever ``algorithm`` (its options do not apply), or densified
+    through ``algorithm``. A new kind of bucket is priced by extending this function."""
+    if isinstance(nbytes, SparseBucket):
+        return _sparse_cost(network, algorithm, nbytes, world_size, **options)
     terms, links = network.terms(algorithm, nbytes, world_size, **options)
     n, inside = float(nbytes), links.inside
     fixed = terms.messages * links.alpha + terms.local_messages * inside.alpha + n * (terms.reduced + terms.cast) * links.gamma
     link = n * (terms.bytes * links.beta + terms.local_bytes * inside.beta)
     return BucketCost(fixed_ms=1e3 * fixed, link_ms=1e3 * link)
+
+
+def _sparse_cost(network: Network, algorithm: str, bucket: SparseBucket, world_size: int, **options) -> BucketCost:
+    """A sparse bucket's price (the module docstring's two lines)."""
+    if world_size < 2:
+        return BucketCost(0.0, 0.0)
+    links = network.two_tier.links if network.two_tier is not None else network.calibration(algorithm)
+    if bucket.way == DENSIFY:  # the schedule on the dense table, and the table made and unmade
+        dense = bucket_cost(network, algorithm, bucket.dense_bytes, world_size, **options)
+        return BucketCost(fixed_ms=dense.fixed_ms + 1e3 * 2 * bucket.dense_bytes * links.gamma, link_ms=dense.link_ms)
+    s, others = float(bucket.sparse_bytes), world_size - 1
+    fixed = 3 * others * links.alpha + 2 * world_size * s * links.gamma
+    return BucketCost(fixed_ms=1e3 * fixed, link_ms=1e3 * others * s * links.beta)
+
+
+def gather_equivalent_bytes(sparse_bytes: float, world_size: int, algorithm: str, **options) -> float:
+    """The dense bucket whose bytes on the links under ``algorithm``'s formula are what gathering
+    ``sparse_bytes`` sends (``(p-1)·s``): how a gathered bucket's time joins the fit of a run's
+    dense buckets (:func:`from_run`)."""
+    per_byte = coefficients(_formula(algorithm), world_size, **options)[1]
+    return (world_size - 1) * sparse_bytes / per_byte if per_byte else float(sparse_bytes)
 
 
 def from_probe(

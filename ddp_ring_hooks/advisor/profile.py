@@ -49,6 +49,17 @@ class BucketProfile:
     #: its own time on the link: from its start, or the end of the bucket before it on the link
     #: when that was later, to its end (:func:`service_ms`; what the replay's costs are fitted to)
     service_ms: float = 0.0
+    #: how it was reduced (``dense``, ``sparse`` gathered, ``densified``, ``foreign``) and, for a
+    #: sparse one, its stored rows and its size both ways (the timeline's, version 3; medians)
+    kind: str = "dense"
+    nnz: int | None = None
+    sparse_bytes: int | None = None
+    dense_bytes: int | None = None
+
+    @property
+    def sparse(self) -> bool:
+        """Whether it is a sparse bucket whose size both ways is known (gathered or densified)."""
+        return self.sparse_bytes is not None and self.dense_bytes is not None
 
 
 @dataclass(frozen=True)
@@ -169,6 +180,8 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
             comm_ms=statistics.median(s.buckets[i].comm_ms for s in steps),
             cpu_ms=statistics.median(s.buckets[i].cpu_ms for s in steps),
             service_ms=statistics.median(services[i] for services in per_step),
+            kind=steps[-1].buckets[i].kind,
+            **_sparse_sizes([s.buckets[i] for s in steps]),
         )
         for i in range(count)
     )
@@ -200,6 +213,17 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
         nosync_micro_ms=micro if k > 1 else None, nodes=run.nodes, ring=run.ring,
         options=run.options, probe=run.probe, probe_algorithm=run.probe_algorithm,
     )
+
+
+def _sparse_sizes(buckets) -> dict:
+    """A sparse bucket's ``nnz`` and sizes both ways, medians over the steps (the rows a batch
+    touches vary); nothing for a dense one, or one from a timeline older than version 3."""
+    sizes = {}
+    for name in ("nnz", "sparse_bytes", "dense_bytes"):
+        known = [getattr(b, name) for b in buckets if getattr(b, name) is not None]
+        if known:
+            sizes[name] = int(statistics.median(known))
+    return sizes
 
 
 def service_ms(spans: Sequence[tuple[float, float]]) -> list[float]:

@@ -9,7 +9,10 @@
    the gradient-ready curve (:mod:`.ready_curve`) reaches its last byte.
 2. **Costs.** Each bucket's all-reduce from the :class:`~.network.Network`
    (:func:`~.network.bucket_cost`: α on its lane, bytes on the link; per algorithm, world size
-   and wire dtype).
+   and wire dtype). A sparse bucket is priced as it travelled (:class:`~.network.SparseBucket`):
+   gathered, whatever the algorithm, with a wire that grows with the world size; or densified
+   through the setting's algorithm. DDP gives it a bucket of its own, so another bucket cap
+   repacks only the dense parameters around it.
 3. **Replay.** The buckets queue through the lanes and the one shared link (:mod:`.replay`):
    communication from each hand-over, the part hidden behind backward, and the exposed part after it.
 4. **Contention.** On CPU, hidden communication still costs backward time: the communication
@@ -33,8 +36,8 @@ from dataclasses import dataclass, replace
 
 from ..schedules import algorithm_names, resolve_options, with_wire
 from .bucketing import bucket_limits, rebuilt_bucket_bytes
-from .network import Network, bucket_cost, bytes_factor
-from .profile import RunProfile
+from .network import DENSIFY, GATHER, Network, SparseBucket, bucket_cost, bytes_factor
+from .profile import BucketProfile, RunProfile
 from .ready_curve import ReadyCurve
 from .replay import replay
 
@@ -84,17 +87,42 @@ class _Raw:
     buckets: int
 
 
-def _layout(profile: RunProfile, setting: Setting) -> tuple[list[float], list[float]]:
-    """Bucket bytes and clean ready times (ms into a backward without contention)."""
+def priced(bucket: BucketProfile) -> float | SparseBucket:
+    """What :func:`~.network.bucket_cost` prices a run's bucket as: its bytes, or a sparse one
+    as it travelled (gathered, or densified)."""
+    if not bucket.sparse:
+        return float(bucket.nbytes)
+    return SparseBucket(bucket.sparse_bytes, bucket.dense_bytes, DENSIFY if bucket.kind == "densified" else GATHER)
+
+
+def _nbytes(size: float | SparseBucket) -> float:
+    return size.nbytes if isinstance(size, SparseBucket) else size
+
+
+def _layout(profile: RunProfile, setting: Setting) -> tuple[list[float | SparseBucket], list[float]]:
+    """Buckets (their bytes, a sparse one as a :class:`~.network.SparseBucket`) and clean ready
+    times (ms into a backward without contention)."""
     stretch = 1.0 - profile.contention_ms / profile.backward_ms if profile.backward_ms > 0 else 1.0
     ready = [b.ready_ms * stretch for b in profile.buckets]
-    sizes = [float(b.nbytes) for b in profile.buckets]
+    sizes = [priced(b) for b in profile.buckets]
     run_limits = (profile.first_bucket_bytes, profile.bucket_cap_bytes) if profile.default_bucket_cap else (profile.bucket_cap_bytes,)
     limits = bucket_limits(bucket_cap_mb=setting.bucket_cap_mb)
     if limits == run_limits:
         return sizes, ready
-    new_sizes = rebuilt_bucket_bytes(profile.param_bytes, limits, dtypes=profile.param_dtypes)
-    return [float(n) for n in new_sizes], ReadyCurve.from_buckets(ready, sizes).ready_times(new_sizes)
+    # A sparse parameter keeps its own bucket whatever the cap: only the dense ones are repacked
+    # (the parameter whose gradient as a dense tensor is the sparse bucket's dense size).
+    params, dtypes = list(profile.param_bytes), list(profile.param_dtypes)
+    for size in sizes:
+        if isinstance(size, SparseBucket) and size.dense_bytes in params:
+            where = len(params) - 1 - params[::-1].index(size.dense_bytes)  # the latest: ready first
+            del params[where], dtypes[where]
+    dense = [(r, n) for r, n in zip(ready, sizes) if not isinstance(n, SparseBucket)]
+    kept = [(r, n) for r, n in zip(ready, sizes) if isinstance(n, SparseBucket)]
+    new_sizes = rebuilt_bucket_bytes(params, limits, dtypes=tuple(dtypes)) if params else []
+    curve = ReadyCurve.from_buckets([r for r, _ in dense], [n for _, n in dense]) if dense else None
+    new_ready = curve.ready_times(new_sizes) if curve is not None else [0.0] * len(new_sizes)
+    merged = sorted([*zip(new_ready, (float(n) for n in new_sizes)), *kept], key=lambda pair: pair[0])
+    return [n for _, n in merged], [r for r, _ in merged]
 
 
 def _hidden_bytes(sizes, starts, ends, backward_ms: float) -> float:
@@ -103,7 +131,7 @@ def _hidden_bytes(sizes, starts, ends, backward_ms: float) -> float:
     for n, start, end in zip(sizes, starts, ends):
         if end <= start:
             continue
-        total += n * min(1.0, max(0.0, (min(end, backward_ms) - start) / (end - start)))
+        total += _nbytes(n) * min(1.0, max(0.0, (min(end, backward_ms) - start) / (end - start)))
     return total
 
 
@@ -140,7 +168,7 @@ def _model(profile: RunProfile, network: Network, setting: Setting, contention_p
 def contention_per_byte(profile: RunProfile, network: Network) -> float:
     """The run's contention per byte moved behind backward (ms per byte), in the run's own lanes."""
     setting = run_setting(profile)
-    sizes = [b.nbytes for b in profile.buckets]
+    sizes = [priced(b) for b in profile.buckets]
     options = setting_options(profile, setting)
     costs = [bucket_cost(network, setting.algorithm, n, setting.world_size, **options) for n in sizes]
     lanes = replay([b.ready_ms for b in profile.buckets], costs, lanes=profile.lanes, backward_ms=profile.backward_ms)

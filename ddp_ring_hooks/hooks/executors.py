@@ -235,7 +235,8 @@ class SparseExecutor(Executor):
     """A sparse bucket (``nn.Embedding(sparse=True)``): the group's sparse all-reduce on the hook
     thread, divided by the world size first, as PyTorch's ``allreduce_hook`` (``runtime/sparse.py``):
     its result, bit for bit. Whatever the algorithm (a schedule's chunks are rows other ranks do
-    not have). Its bytes are its indices and values, counted once it is coalesced."""
+    not have). Its bytes are its indices and values as the gather coalesces them, counted at
+    hand-over (``runtime/wire.py``)."""
 
     kind = SPARSE
 
@@ -243,13 +244,9 @@ class SparseExecutor(Executor):
         return SPARSE
 
     def launch(self, launch: Launch, run: Run) -> torch.futures.Future:
-        world_size = dist.get_world_size(run.group)
         try:
             run.failures.refuse_after_first(SPARSE, launch.bucket, launch.iteration)
-            future = run_sparse(
-                launch.buffer, group=run.group, observer=launch.watch,
-                coalesced=lambda sent: launch.watch.resize(bucket_bytes(sent, None, kind=SPARSE, world_size=world_size)),
-            )
+            future = run_sparse(launch.buffer, group=run.group, observer=launch.watch)
         except RuntimeError as error:
             return _failed(SPARSE, launch, run, error)
         return future.then(_explained(SPARSE, launch, run))
@@ -272,8 +269,7 @@ class Densified(Executor):
         return self.dense.label(schedule)
 
     def launch(self, launch: Launch, run: Run) -> torch.futures.Future:
-        sparse = launch.buffer.coalesce()  # its indices and values counted as the gather would send them
-        launch.watch.resize(bucket_bytes(sparse, launch.wire, kind=DENSIFIED))
+        sparse = launch.buffer  # counted at hand-over (runtime/wire.py); to_dense adds duplicate rows up
         table = sparse.to_dense()
         future = self.dense.launch(dataclasses.replace(launch, buffer=table.view(-1)), run)
         return future.then(lambda done: done.value().view(table.shape).to_sparse(sparse.sparse_dim()))

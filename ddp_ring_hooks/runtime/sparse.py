@@ -19,9 +19,11 @@ ranks together touch a small share of the rows (``docs/hook.md``).
 
 :func:`run_sparse` is PyTorch's ``allreduce_hook`` on such a bucket, step for step: divide by
 the world size first (in place, on the uncoalesced gradient, as ``allreduce_hook`` does), then
-the group's ``all_reduce``; so its result is ``allreduce_hook``'s bit for bit. It coalesces the
-tensor itself before the all-reduce (gloo would, and skips a tensor already coalesced), so the
-indices and values it hands gloo are the ones counted as its bytes. NCCL has no sparse
+the group's ``all_reduce`` of that gradient as it is; so its result is ``allreduce_hook``'s bit
+for bit, and so is its time. gloo coalesces it (step 1) on its own thread: coalescing it here
+first made the gather 0.5-0.6 ms slower at 2 ranks (a 512-row gradient of a 100000 x 64
+table), what kept this hook above ``allreduce_hook``'s time. Its bytes are counted as gloo
+coalesces them (``runtime/wire.py``'s ``coalesced_nnz``, at hand-over). NCCL has no sparse
 all-reduce (only in its experimental branch): :func:`check_sparse_backend` refuses it with the fix.
 
 Like ``native``, it runs on the calling thread (DDP's hook thread), in DDP's order: one
@@ -29,8 +31,6 @@ collective per bucket, no Python work to move off that thread.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -63,27 +63,20 @@ def run_sparse(
     group: dist.ProcessGroup | None = None,
     observer: ExecutionObserver = NULL_OBSERVER,
     average: bool = True,
-    coalesced: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.futures.Future:
     """Sum (``average=True``: average) the sparse COO ``tensor`` over ``group`` with the group's
-    sparse all-reduce; return a Future that completes with the result: a coalesced sparse tensor
-    of ``tensor``'s size (``tensor`` itself is divided in place; see the module docstring).
-
-    ``coalesced``: called with the coalesced tensor before it is sent (its indices and values
-    are what this rank's share of the gather is: the telemetry counts them).
+    sparse all-reduce; return a Future that completes with the result: ``tensor`` itself, into
+    which gloo copies the coalesced sum (it is divided in place first; see the module docstring).
     """
     check_sparse_backend(tensor, group)
     observer.on_phase(PHASE)
     if average:
         tensor.div_(dist.get_world_size(group))  # first, on the gradient as DDP made it: allreduce_hook's order
-    sent = tensor.coalesce()
-    if coalesced is not None:
-        coalesced(sent)
-    work = dist.all_reduce(sent, group=group, async_op=True)
+    work = dist.all_reduce(tensor, group=group, async_op=True)
 
     def finished(future: torch.futures.Future) -> torch.Tensor:
         future.value()  # raises the backend's error, which DDP then raises at the end of backward
         observer.on_finish()
-        return sent  # gloo copied the sum into it
+        return tensor  # gloo copied the coalesced sum into it
 
     return work.get_future().then(finished)

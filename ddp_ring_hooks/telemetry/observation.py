@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from ..runtime.observer import ExecutionObserver
-from ..runtime.wire import BucketBytes, bucket_bytes
+from ..runtime.wire import DENSE, SPARSE, BucketBytes, bucket_bytes
 from .arrivals import ArrivalGather, TraceGather
 from .exchange import StepExchange
 from .link_timing import LinkTiming
@@ -139,7 +139,7 @@ class Observation:
         chose its ``algorithm`` (call it on the hook thread, in DDP's order, right before the
         launch): its hand-over mark, and the watch to pass to the executor as its observer
         (then tell it the Future: :meth:`BucketWatch.launched`). ``size``: its bytes and its
-        bytes on the wire (default: as the buffer is)."""
+        bytes on the wire (default: as the buffer is; a sparse one as gathered)."""
         timer = self._timers.for_buffer(buffer)
         handed = timer.mark()  # first: "handed over" starts queue_ms, exposed_ms, the arrival
         cadence = self.recorder.cadence
@@ -150,7 +150,8 @@ class Observation:
             self._exchangers = tuple(watcher for watcher in self.watchers if watcher.exchanges_after(step))
             opened.exchanged = bool(self._exchangers)
         bucket = BucketWatch(self, opened, timer, handed, buffer, index=index, is_last=is_last, algorithm=algorithm,
-                             size=size or bucket_bytes(buffer, None))
+                             size=size or bucket_bytes(buffer, None, kind=SPARSE if buffer.is_sparse else DENSE,
+                                                       world_size=opened.world_size))
         seen = tuple(watcher.on_bucket(bucket) for watcher in self.watchers)
         bucket.watched_by(seen, (*(observer for observer in seen if observer is not None), *self.observers))
         if opened.marked:

@@ -16,7 +16,7 @@ step with another bucket size, accumulation or algorithm, the advisor
   grad enabled, a step ends after the micro-batch that ran with gradient sync on (DDP's
   ``require_backward_grad_sync``; ``no_sync()`` turns it off);
 - **backward start**: a gradient hook on the forward's first output that requires grad;
-- **buckets**: bytes, when each was handed over (relative to backward start), when its
+- **buckets**: bytes (and a sparse bucket's kind, nnz and its size both ways), when each was handed over (relative to backward start), when its
   communication started and ended, and the CPU time its worker thread spent on it
   (``time.thread_time`` on the worker: on CPU, communication "hidden" behind backward still
   takes cores from it);
@@ -253,6 +253,8 @@ class Timeline(Watcher):
                     start_ms=(clock.phases[0][1] if clock.phases else clock.handed) - backward_start,
                     end_ms=clock.end - backward_start,
                     cpu_ms=clock.cpu_ms,
+                    kind=bucket.kind, nnz=bucket.size.nnz, sparse_bytes=bucket.size.sparse_bytes,
+                    dense_bytes=bucket.size.dense_bytes,
                 )
                 for bucket, clock in zip(step.buckets, clocks)
             ),

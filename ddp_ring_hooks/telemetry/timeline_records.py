@@ -25,8 +25,10 @@ from ..cost_model import ProbeSample
 
 #: The format written now; a run line without ``version`` is version 1. Version 2 added the
 #: run's algorithm options and the network probe (both optional: a version-1 file reads as one
-#: without them).
-TIMELINE_VERSION = 2
+#: without them). Version 3 added each bucket's ``kind``, ``nnz``, ``sparse_bytes`` and
+#: ``dense_bytes`` (a sparse bucket's, for the advisor's gather-or-densify verdict; an older
+#: file's buckets read as dense).
+TIMELINE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,15 @@ class TimelineRun:
 @dataclass(frozen=True)
 class TimelineBucket:
     """One bucket of a step: its bytes, when it was handed over (``ready_ms``), when its
-    communication started and ended, and the CPU time its worker thread spent on it."""
+    communication started and ended, and the CPU time its worker thread spent on it.
+
+    ``kind`` is how it was reduced (``runtime/wire.py``'s table: ``dense``, ``sparse``
+    gathered, ``densified``, ``foreign``), and ``nbytes`` counts its bytes as that kind does. A
+    sparse bucket (gathered or densified) also carries ``nnz`` (its stored rows, coalesced),
+    ``sparse_bytes`` (their indices and values: what this rank puts in the gather) and
+    ``dense_bytes`` (the table as a dense tensor: what densifying reduces), so the advisor
+    prices it both ways; ``None`` for any other bucket.
+    """
 
     index: int
     nbytes: int
@@ -101,6 +111,10 @@ class TimelineBucket:
     start_ms: float
     end_ms: float
     cpu_ms: float
+    kind: str = "dense"
+    nnz: int | None = None
+    sparse_bytes: int | None = None
+    dense_bytes: int | None = None
 
     @property
     def comm_ms(self) -> float:

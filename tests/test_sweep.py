@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -184,7 +185,10 @@ def test_ctrl_c_removes_the_partial_run_and_the_ranks_exit_without_a_traceback(t
         if sweep.poll() is None:
             os.killpg(sweep.pid, signal.SIGKILL)
             sweep.wait()
-    assert f"interrupted after 0 of 6 fits: removed the partial run {output / 'version_0'}" in out, out[-3000:]
+    # The signal lands during a fit: usually the first, but a fit this small can end between the
+    # poll that saw its event file and the signal (seen once: "after 1 of 6"); never after all 6.
+    interrupted = re.search(rf"interrupted after (\d) of 6 fits: removed the partial run {re.escape(str(output / 'version_0'))}", out)
+    assert interrupted and int(interrupted.group(1)) < 6, out[-3000:]
     assert list(output.iterdir()) == []  # TensorBoard has no half run to list
     assert "[rank0]: Traceback" not in out and "[rank1]: Traceback" not in out, out[-3000:]
 

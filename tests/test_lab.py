@@ -290,11 +290,12 @@ def test_two_tier_hierarchical_is_correct_and_bit_identical_on_two_nodes_of_thre
 @pytest.mark.timeout(240)
 def test_bf16_on_the_wire_halves_the_rings_time(lab_machine, tmp_path):
     """The ring on bf16 against the ring on fp32, side by side in the same rounds (8 MiB, 400
-    Mbit/s: a link-bound all-reduce, set by tbf and not by the shared cores)."""
+    Mbit/s: a link-bound all-reduce, set by tbf and not by the shared cores). Five rounds: the
+    median of three read 1.22x the limit once in a full fresh-ci run (passing alone right after)."""
     out = tmp_path / "network.json"
     subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "network.py"), "--world-sizes", "2", "--sizes", "8M", "--link",
-         "400Mbit", "--algorithms", "ring,ring/wire_dtype=bf16", "--rounds", "3", "--json", str(out)],
+         "400Mbit", "--algorithms", "ring,ring/wire_dtype=bf16", "--rounds", "5", "--json", str(out)],
         check=True, timeout=200, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
     )
     wire = {row["algorithm"]: row for row in json.loads(out.read_text())}["ring/wire_dtype=bf16"]

@@ -13,8 +13,9 @@
    gathered, whatever the algorithm, with a wire that grows with the world size; or densified
    through the setting's algorithm. DDP gives it a bucket of its own, so another bucket cap
    repacks only the dense parameters around it.
-3. **Replay.** The buckets queue through the lanes and the one shared link (:mod:`.replay`):
-   communication from each hand-over, the part hidden behind backward, and the exposed part after it.
+3. **Replay.** The buckets queue through the lanes and the link, each of its two ways (out,
+   in) its own resource (:mod:`.replay`): communication from each hand-over, the part hidden
+   behind backward, and the exposed part after it.
 4. **Contention.** On CPU, hidden communication still costs backward time: the communication
    threads copy and add bytes on the same cores. The run measured it (:mod:`.profile`); it is
    taken to grow with the bytes moved while backward runs (``bytes_factor · bucket bytes``,

@@ -78,7 +78,7 @@ from ddp_ring_hooks.advisor.advice import MIN_GAIN  # noqa: E402
 from ddp_ring_hooks.lab import EmulatedCluster, LabError, parse_rate  # noqa: E402
 from ddp_ring_hooks.launch import run_on_ranks  # noqa: E402
 from ddp_ring_hooks.machine import MachineLoad, describe_load  # noqa: E402
-from ddp_ring_hooks.telemetry.timeline_records import TimelineRecord, record_from_json  # noqa: E402
+from ddp_ring_hooks.telemetry.timeline_records import TimelineRecord, TimelineStep, record_from_json  # noqa: E402
 from mlp_steps import build_mlp  # noqa: E402
 
 #: (median, worst) absolute error targets (issue 31): on the lab, and on loopback.
@@ -240,9 +240,11 @@ class Trainer:
         return self.state.timeline.records()
 
 
-def measure_round(model_name: str, base: dict, variants: list[tuple[str, object, dict]], args) -> tuple[list, dict]:
+def measure_round(model_name: str, base: dict, variants: list[tuple[str, object, dict]], args) -> tuple[list, dict, dict]:
     """On every rank: the warm-up, the base run the advisor reads, then alternating blocks.
-    Returns the base run's timeline and ``{(knob, value): [(setting_ms, base_ms), ...]}``.
+    Returns the base run's timeline, ``{(knob, value): [(setting_ms, base_ms), ...]}`` and
+    ``{(knob, value): phases}``, each setting's phases in its blocks as rank 0's timeline
+    recorded them (:func:`phases_of`; the base's under ``("base", None)``).
 
     A fresh process runs its first fit slower (allocator, thread pools, gloo's first
     connections); without the warm-up the base, always first, read up to 15% slow.
@@ -275,6 +277,7 @@ def measure_round(model_name: str, base: dict, variants: list[tuple[str, object,
     reference = trainer(base)
     reference.steps(2)  # untimed: DDP's first iteration (bucket rebuild), cold caches
     pairs: dict[tuple[str, object], list[tuple[float, float]]] = {}
+    phases: dict[tuple[str, object], dict] = {}
     for knob, value, kwargs in variants:
         setting = trainer(kwargs)
         setting.steps(2)
@@ -288,10 +291,22 @@ def measure_round(model_name: str, base: dict, variants: list[tuple[str, object,
                 base_ms = reference.timed_block(base_steps)
                 setting_ms = setting.timed_block(setting_steps)
             measured.append((setting_ms, base_ms))
-        setting.close()
+        phases[(knob, value)] = phases_of(setting.close())
         pairs[(knob, value)] = measured
-    reference.close()
-    return records, pairs
+    phases[("base", None)] = phases_of(reference.close())
+    return records, pairs, phases
+
+
+#: A setting's phases, medians over its timed steps (its timeline on rank 0, after the 2 untimed steps).
+PHASES = ("step_ms", "forward_ms", "backward_ms", "exposed_ms")
+
+
+def phases_of(records: list[TimelineRecord]) -> dict:
+    """Medians of :data:`PHASES` over a setting's timed steps: where its step went (the world-size
+    rows on the lab: whether the shared cores stretched forward and backward, which a cluster
+    would not). Empty on a rank that trained nothing, or from a timeline without timed steps."""
+    steps = [r for r in records if isinstance(r, TimelineStep)][2:]
+    return {name: statistics.median(getattr(s, name) for s in steps) for name in PHASES} if steps else {}
 
 
 # -- predicted vs measured -----------------------------------------------------------------------
@@ -332,7 +347,7 @@ def lab_hosts(args) -> int:
     return max(args.nproc, *args.world_sizes)
 
 
-def measure_on_lab(model_name: str, args) -> tuple[list[TimelineRecord], dict]:
+def measure_on_lab(model_name: str, args) -> tuple[list[TimelineRecord], dict, dict]:
     """One round on an emulated lab of :func:`lab_hosts` hosts: this script once per host
     (``--worker``), joined into one job; rank 0 writes the base run's timeline and the pairs."""
     with tempfile.TemporaryDirectory(prefix="advisor_accuracy_") as scratch, \
@@ -342,18 +357,20 @@ def measure_on_lab(model_name: str, args) -> tuple[list[TimelineRecord], dict]:
                 timeout=args.timeout)
         data = json.loads(out.read_text())
     records = [record_from_json(line) for line in data["timeline"]]
-    return records, {(knob, value): [tuple(pair) for pair in measured] for knob, value, measured in data["pairs"]}
+    return (records, {(knob, value): [tuple(pair) for pair in measured] for knob, value, measured in data["pairs"]},
+            {(knob, value): found for knob, value, found in data["phases"]})
 
 
 def work_on_lab_host(args) -> None:
     """``--worker``: one rank of the round's job (the lab set torchrun's variables); rank 0
     writes what :func:`measure_on_lab` reads."""
     base, variants = variants_of(args)
-    records, pairs = run_on_ranks(measure_round, args.models, base, variants, args, nproc=1)
+    records, pairs, phases = run_on_ranks(measure_round, args.models, base, variants, args, nproc=1)
     if os.environ["RANK"] == "0":
         Path(args.worker).write_text(json.dumps({
             "timeline": [record.to_json() for record in records],
             "pairs": [[knob, value, measured] for (knob, value), measured in pairs.items()],
+            "phases": [[knob, value, found] for (knob, value), found in phases.items()],
         }))
 
 
@@ -387,23 +404,27 @@ def main(argv=None) -> int:
 
 
 def measure(args, base: dict, variants: list) -> dict | None:
-    """``{model: {"runs": [timeline lines per round], "pairs": [[knob, value, [[setting_ms, base_ms], ...]]]}}``:
-    what every round measured (JSON, as ``--save`` writes it); ``None`` when the lab failed."""
+    """``{model: {"runs": [timeline lines per round], "pairs": [[knob, value, [[setting_ms, base_ms], ...]]],
+    "phases": [[knob, value, [phases per round]]]}}``: what every round measured (JSON, as ``--save``
+    writes it); ``None`` when the lab failed."""
     measured = {}
     for model_name in args.models.split(","):
         started = time.perf_counter()
-        runs, pairs = [], {}
+        runs, pairs, phases = [], {}, {}
         for _ in range(args.rounds):
             try:
-                records, found = (measure_on_lab(model_name, args) if args.lab else
-                                  run_on_ranks(measure_round, model_name, base, variants, args, nproc=args.nproc))
+                records, found, split = (measure_on_lab(model_name, args) if args.lab else
+                                         run_on_ranks(measure_round, model_name, base, variants, args, nproc=args.nproc))
             except LabError as error:
                 print(f"benchmarks/advisor_accuracy.py: {error}", file=sys.stderr)
                 return None
             runs.append([record.to_json() for record in records])
             for key, values in found.items():
                 pairs.setdefault(key, []).extend(values)
+            for key, values in split.items():
+                phases.setdefault(key, []).append(values)
         measured[model_name] = {"runs": runs, "pairs": [[knob, value, values] for (knob, value), values in pairs.items()],
+                                "phases": [[knob, value, values] for (knob, value), values in phases.items()],
                                 "seconds": time.perf_counter() - started}
     return measured
 
@@ -449,9 +470,31 @@ def report(model_name: str, data: dict, args) -> list[float]:
     targets = LAB_TARGETS if args.lab else LOOPBACK_TARGETS
     print(f"{model_name}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
           f"(targets {targets[0]:.0%}, {targets[1]:.0%})")
+    print_phases(model, data)
     if not args.lab:
         check_world_sizes(model)
     return errors
+
+
+def print_phases(model, data: dict) -> None:
+    """Where each setting's step went in its blocks (rank 0's timeline, medians; a file saved
+    before the phases were recorded has none), beside the advisor's predicted exposed time:
+    the measured forward and backward of a world-size row on the lab grow with the hosts
+    that share this machine's cores, which a cluster's ranks would not, and no network model
+    predicts."""
+    phases = {(knob, value): found for knob, value, found in data.get("phases", [])}
+    if not phases:
+        return
+    print(f"where the step went, measured in the blocks (ms): {'step':>7} {'forward':>8} {'backward':>9} "
+          f"{'exposed':>8} {'(predicted exposed)':>20}")
+    for (knob, value), rounds in phases.items():
+        found = [r for r in rounds if r]
+        if not found:
+            continue
+        median = {name: statistics.median(r[name] for r in found) for name in PHASES}
+        predicted = model.predict(setting_of(knob, value, model.profile)).exposed_ms
+        print(f"  {knob:<14} {str(value):<18} {median['step_ms']:>20.1f} {median['forward_ms']:>8.1f} "
+              f"{median['backward_ms']:>9.1f} {median['exposed_ms']:>8.1f} {predicted:>20.1f}")
 
 
 def wire_verdicts(knob: str, predicted_ratio: float, measured_ratio: float) -> str:

@@ -829,9 +829,56 @@ def test_the_wire_rows_say_pays_on_a_slow_link_and_does_not_pay_where_casts_cost
     assert "wire_dtype (what the buckets travel in)" in format_advice(slow) and "  pays" in format_advice(slow)
 
 
+def _link_scattered(records, factors):
+    """``records`` whose steps' buckets took ``factors`` times as long, step by step (their
+    link busy time scatters; the medians stay those of the steps at 1)."""
+    steps = [dataclasses.replace(step, buckets=tuple(
+        dataclasses.replace(b, end_ms=b.start_ms + f * (b.end_ms - b.start_ms)) for b in step.buckets))
+        for step, f in zip(records[1:], factors)]
+    return [records[0], *steps]
+
+
+@pytest.mark.fast
+def test_the_probes_bandwidth_is_scaled_to_the_link_time_the_run_measured():
+    """A probe that reads the link 25% fast (on the lab, tbf's burst favours its small sizes):
+    the run's own link time (its buckets' times on the link, α priced apart) sets the rate, so
+    bf16, half the bytes, is exposed for 4α + half the run's bytes at the run's rate (2.50 ms),
+    not the probe's half plus the whole run's shortfall as a constant (2.92 ms)."""
+    records = _probed(timeline(ready=[20.0, 20.0]), probe_samples(ALPHA_MS * 1e-3, 1.25e3 / BETA_MS, 0.0))
+    model = step_model(records)
+    assert model.predict(run_setting(model.profile)).exposed_ms == pytest.approx(model.profile.exposed_ms)
+    bf16 = Setting(bucket_cap_mb=None, accumulate=1, algorithm="ring", world_size=2, wire="bf16")
+    assert model.predict(bf16).exposed_ms == pytest.approx(4 * ALPHA_MS + 2 * MIB * BETA_MS, rel=1e-6)
+
+
+@pytest.mark.fast
+def test_on_one_host_the_two_ways_are_one_resource():
+    """On loopback the same cores copy both ways: a tree's one-way halves each have the whole
+    resource, so at p=2 it costs what the ring costs (measured 0.93-1.14x), where ranks on two
+    hosts (full duplex) pay the tree's 2n·β against the ring's n·β."""
+    tree = BucketCost(0.0, 8.0, ((IN, 0.5), (OUT, 0.5)))
+    ring = BucketCost(0.0, 4.0)
+    for lanes in (1, 2):
+        shared = replay([0.0] * 3, [tree] * 3, lanes=lanes, backward_ms=0.0, shared_ways=2.0)
+        assert shared.ends == replay([0.0] * 3, [ring] * 3, lanes=lanes, backward_ms=0.0, shared_ways=2.0).ends
+        assert shared.ends[-1] == pytest.approx(12.0)
+    records = _probed(timeline(ready=[20.0, 20.0]), probe_samples(ALPHA_MS * 1e-3, 1e3 / BETA_MS, 0.0))
+    two_hosts = [dataclasses.replace(records[0], nodes=(0, 1), local_world_size=1), *records[1:]]
+    exposed = {}
+    for where, run in (("one host", records), ("two hosts", two_hosts)):
+        model = step_model(run)
+        assert model.profile.one_host == (where == "one host")
+        exposed[where] = {a: model.predict(Setting(bucket_cap_mb=None, accumulate=1, algorithm=a, world_size=2)).exposed_ms
+                          for a in ("ring", "tree")}
+    assert exposed["one host"]["tree"] == pytest.approx(exposed["one host"]["ring"])
+    assert exposed["two hosts"]["tree"] - exposed["two hosts"]["ring"] == pytest.approx(4 * MIB * BETA_MS, rel=1e-6)
+
+
 @pytest.mark.fast
 def test_a_row_whose_error_bar_is_wider_than_its_gain_says_so_and_is_not_recommended():
-    records = timeline(ready=[20.0, 20.0])
+    """The error bar: the probe's fastest and slowest blocks (α, casts), each network scaled to
+    the run's fastest and slowest step on its link (β: the run measures its own link)."""
+    records = _link_scattered(timeline(ready=[20.0, 20.0], steps=5), (1.0, 0.2, 1.0, 3.0, 1.0))
     advice = advise(_probed(records, probe_samples(50e-6, 50e6, 0.1e-9, spread=0.6)))
     uncertain = [r for r in advice["what_if"] if r["uncertain"]]
     assert uncertain and all(r["speedup_range"][1] - r["speedup_range"][0] > 2 * abs(r["speedup"] - 1) for r in uncertain)

@@ -72,6 +72,11 @@ def link_directions(algorithm: str, world_size: int, *, nbytes: float = 0, envir
     return _counted(algorithm, world_size, frozen)
 
 
+def ways_held(directions: Directions) -> float:
+    """The ways of the link held on average over ``directions`` (2 both at once, 1 one way)."""
+    return sum(share * len(HOLDS[way]) for way, share in directions)
+
+
 @functools.lru_cache(maxsize=256)
 def _counted(algorithm: str, world_size: int, options: tuple) -> Directions:
     return counted_directions(build_schedule(algorithm, world_size, **dict(options)))

@@ -99,6 +99,15 @@ class RunProfile:
     options: tuple[tuple[str, object], ...] | None = None
     probe: tuple | None = None
     probe_algorithm: str | None = None
+    #: The link's busy time per step (the sum of the buckets' own times on it, :func:`service_ms`):
+    #: the fastest, median and slowest over the measured steps (``None``: not measured).
+    link_busy_ms: tuple[float, float, float] | None = None
+
+    @property
+    def one_host(self) -> bool:
+        """Whether every rank ran on one host (loopback: no wire between them, the same cores
+        send and receive): the nodes the run recorded, else its ranks per node."""
+        return on_one_host(self.nodes, self.local_world_size, self.world_size)
 
     @property
     def wire(self) -> str | None:
@@ -175,6 +184,7 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
     count = len(steps[0].buckets)
     ways = [_link_directions(run, b) for b in steps[-1].buckets]
     per_step = [service_ms([(b.start_ms, b.end_ms) for b in s.buckets], ways) for s in steps]
+    busy = sorted(sum(services) for services in per_step)
     buckets = tuple(
         BucketProfile(
             nbytes=int(statistics.median(s.buckets[i].nbytes for s in steps)),
@@ -214,6 +224,7 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
         contention_ms=contention, contention_source=source, buckets=buckets,
         nosync_micro_ms=micro if k > 1 else None, nodes=run.nodes, ring=run.ring,
         options=run.options, probe=run.probe, probe_algorithm=run.probe_algorithm,
+        link_busy_ms=(busy[0], statistics.median(busy), busy[-1]),
     )
 
 
@@ -258,11 +269,18 @@ def service_ms(spans: Sequence[tuple[float, float]], directions: Sequence[Direct
 def _link_directions(run: TimelineRun, bucket) -> Directions:
     """The link parts a run's bucket held: its algorithm's (a densified sparse bucket's, on the
     dense table its ``nbytes`` count), both ways for a gathered one (ring all-gathers) and a
-    foreign hook's (unknown). Options as the run resolved them (its ``LOCAL_WORLD_SIZE``)."""
-    if bucket.kind not in ("dense", "densified"):
+    foreign hook's (unknown), and every bucket's on one host (the two ways are one resource
+    there: :func:`~.replay.replay`'s ``shared_ways``). Options as the run resolved them (its
+    ``LOCAL_WORLD_SIZE``)."""
+    if bucket.kind not in ("dense", "densified") or on_one_host(run.nodes, run.local_world_size, run.world_size):
         return BOTH_WAYS
     return link_directions(run.algorithm, run.world_size, nbytes=bucket.nbytes,
                            environment=run_environment(run.local_world_size), **dict(run.options or ()))
+
+
+def on_one_host(nodes: Sequence[int] | None, local_world_size: int, world_size: int) -> bool:
+    """Whether a run's ranks were all on one host: its recorded nodes, else its ranks per node."""
+    return len(set(nodes)) == 1 if nodes else local_world_size >= world_size
 
 
 def run_environment(local_world_size: int) -> dict[str, str]:

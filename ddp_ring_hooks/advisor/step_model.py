@@ -202,7 +202,13 @@ def link_scale(profile: RunProfile, network: Network, busy: str = "median") -> f
     """The run's own link time over ``network``'s price of it: the link's busy time in the run
     (the sum of the buckets' own times on it, :attr:`~.profile.BucketProfile.service_ms`: the
     same whatever share of it each bucket got), less the buckets' priced fixed parts, over their
-    priced link parts. 1 where nothing is priced on the link or the fixed parts take it all."""
+    priced link parts. 1 where nothing is priced on the link or the fixed parts take it all, and
+    on one host: there is no wire to measure, the buckets' times in training are the cores'
+    (shared with backward, which the contention term prices). Scaled there, the loopback rows
+    moved the wrong way: cap 1 from -4.0% and -6.6% to -21.3% and -25.7%, bf16 from +1.7% and
+    -3.6% to -10.7% and -17.0% (``advisor_accuracy.py``, 2026-12-02, MLP runs 2 and 3)."""
+    if profile.one_host:
+        return 1.0
     setting = run_setting(profile)
     options = setting_options(profile, setting)
     costs = [bucket_cost(network, setting.algorithm, priced(b), setting.world_size, **options) for b in profile.buckets]

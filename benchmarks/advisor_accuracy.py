@@ -34,7 +34,11 @@ measured speed in those same pairs (the median base block, per step)::
     error        = predicted ms / measured ms - 1
 
 The plain error (the predicted step against the setting's measured step, with the base run
-minutes apart) is printed next to it: on a quiet machine the two agree.
+minutes apart) is printed next to it: on a quiet machine the two agree. After the table, where
+each setting's step went in its blocks (rank 0's timeline: step, forward, backward, exposed,
+beside the predicted exposed time); on the lab, each world-size row's error also "on cores of
+its own": its measured step less what the rest of it (all but exposed communication) grew over
+the base's, since the lab's hosts share this machine's cores and a cluster's would not.
 
 On loopback world sizes cannot be checked (more ranks would share the same 2 cores); the
 advisor's world-size rows price each bucket with ``cost_model`` through the run's α, β, which

@@ -25,7 +25,10 @@
    run measured; the differences (the exposed time the α-β queue does not explain: hook
    start-up, waiting for the slower rank; the communication time likewise; the contention
    the bytes behind backward do not explain) are added to every prediction, so the run's own
-   setting is predicted exactly and the others move by what the model says changes.
+   setting is predicted exactly and the others move by what the model says changes. Before
+   that, a network measured here is fitted to the run's own link (:class:`OwnLink`): on
+   several hosts its β scaled to the link time the run measured, on one host the link's two
+   ways one resource.
 
 Samples per step grow as ``k · p``: the effective batch grows with accumulation ``k``
 (that changes the optimization) and with the world size ``p``.
@@ -154,7 +157,7 @@ class OwnLink:
 
     ``scale``: the run's link time over the network's price of it (:func:`link_scale`): every
     bucket's link time is priced ``scale`` times, so an error of the network's β (the probe's
-    small sizes: on the lab, tbf's burst reads 5-7% fast) moves each row with its bytes, where
+    small sizes: on the lab, tbf's burst read its links up to 6% fast) moves each row with its bytes, where
     the calibration's offset would add the same milliseconds to a row of half the bytes.
     ``shared_ways``: ranks on one host (loopback) send and receive through the same cores, so
     the link's two ways are one resource (:func:`~.replay.replay`); ``None``: full duplex."""

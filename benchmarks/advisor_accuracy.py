@@ -34,7 +34,11 @@ measured speed in those same pairs (the median base block, per step)::
     error        = predicted ms / measured ms - 1
 
 The plain error (the predicted step against the setting's measured step, with the base run
-minutes apart) is printed next to it: on a quiet machine the two agree.
+minutes apart) is printed next to it: on a quiet machine the two agree. After the table, where
+each setting's step went in its blocks (rank 0's timeline: step, forward, backward, exposed,
+beside the predicted exposed time); on the lab, each world-size row's error also "on cores of
+its own": its measured step less what the rest of it (all but exposed communication) grew over
+the base's, since the lab's hosts share this machine's cores and a cluster's would not.
 
 On loopback world sizes cannot be checked (more ranks would share the same 2 cores); the
 advisor's world-size rows price each bucket with ``cost_model`` through the run's α, β, which
@@ -78,7 +82,7 @@ from ddp_ring_hooks.advisor.advice import MIN_GAIN  # noqa: E402
 from ddp_ring_hooks.lab import EmulatedCluster, LabError, parse_rate  # noqa: E402
 from ddp_ring_hooks.launch import run_on_ranks  # noqa: E402
 from ddp_ring_hooks.machine import MachineLoad, describe_load  # noqa: E402
-from ddp_ring_hooks.telemetry.timeline_records import TimelineRecord, record_from_json  # noqa: E402
+from ddp_ring_hooks.telemetry.timeline_records import TimelineRecord, TimelineStep, record_from_json  # noqa: E402
 from mlp_steps import build_mlp  # noqa: E402
 
 #: (median, worst) absolute error targets (issue 31): on the lab, and on loopback.
@@ -240,9 +244,11 @@ class Trainer:
         return self.state.timeline.records()
 
 
-def measure_round(model_name: str, base: dict, variants: list[tuple[str, object, dict]], args) -> tuple[list, dict]:
+def measure_round(model_name: str, base: dict, variants: list[tuple[str, object, dict]], args) -> tuple[list, dict, dict]:
     """On every rank: the warm-up, the base run the advisor reads, then alternating blocks.
-    Returns the base run's timeline and ``{(knob, value): [(setting_ms, base_ms), ...]}``.
+    Returns the base run's timeline, ``{(knob, value): [(setting_ms, base_ms), ...]}`` and
+    ``{(knob, value): phases}``, each setting's phases in its blocks as rank 0's timeline
+    recorded them (:func:`phases_of`; the base's under ``("base", None)``).
 
     A fresh process runs its first fit slower (allocator, thread pools, gloo's first
     connections); without the warm-up the base, always first, read up to 15% slow.
@@ -275,6 +281,7 @@ def measure_round(model_name: str, base: dict, variants: list[tuple[str, object,
     reference = trainer(base)
     reference.steps(2)  # untimed: DDP's first iteration (bucket rebuild), cold caches
     pairs: dict[tuple[str, object], list[tuple[float, float]]] = {}
+    phases: dict[tuple[str, object], dict] = {}
     for knob, value, kwargs in variants:
         setting = trainer(kwargs)
         setting.steps(2)
@@ -288,10 +295,22 @@ def measure_round(model_name: str, base: dict, variants: list[tuple[str, object,
                 base_ms = reference.timed_block(base_steps)
                 setting_ms = setting.timed_block(setting_steps)
             measured.append((setting_ms, base_ms))
-        setting.close()
+        phases[(knob, value)] = phases_of(setting.close())
         pairs[(knob, value)] = measured
-    reference.close()
-    return records, pairs
+    phases[("base", None)] = phases_of(reference.close())
+    return records, pairs, phases
+
+
+#: A setting's phases, medians over its timed steps (its timeline on rank 0, after the 2 untimed steps).
+PHASES = ("step_ms", "forward_ms", "backward_ms", "exposed_ms")
+
+
+def phases_of(records: list[TimelineRecord]) -> dict:
+    """Medians of :data:`PHASES` over a setting's timed steps: where its step went (the world-size
+    rows on the lab: whether the shared cores stretched forward and backward, which a cluster
+    would not). Empty on a rank that trained nothing, or from a timeline without timed steps."""
+    steps = [r for r in records if isinstance(r, TimelineStep)][2:]
+    return {name: statistics.median(getattr(s, name) for s in steps) for name in PHASES} if steps else {}
 
 
 # -- predicted vs measured -----------------------------------------------------------------------
@@ -332,7 +351,7 @@ def lab_hosts(args) -> int:
     return max(args.nproc, *args.world_sizes)
 
 
-def measure_on_lab(model_name: str, args) -> tuple[list[TimelineRecord], dict]:
+def measure_on_lab(model_name: str, args) -> tuple[list[TimelineRecord], dict, dict]:
     """One round on an emulated lab of :func:`lab_hosts` hosts: this script once per host
     (``--worker``), joined into one job; rank 0 writes the base run's timeline and the pairs."""
     with tempfile.TemporaryDirectory(prefix="advisor_accuracy_") as scratch, \
@@ -342,18 +361,20 @@ def measure_on_lab(model_name: str, args) -> tuple[list[TimelineRecord], dict]:
                 timeout=args.timeout)
         data = json.loads(out.read_text())
     records = [record_from_json(line) for line in data["timeline"]]
-    return records, {(knob, value): [tuple(pair) for pair in measured] for knob, value, measured in data["pairs"]}
+    return (records, {(knob, value): [tuple(pair) for pair in measured] for knob, value, measured in data["pairs"]},
+            {(knob, value): found for knob, value, found in data["phases"]})
 
 
 def work_on_lab_host(args) -> None:
     """``--worker``: one rank of the round's job (the lab set torchrun's variables); rank 0
     writes what :func:`measure_on_lab` reads."""
     base, variants = variants_of(args)
-    records, pairs = run_on_ranks(measure_round, args.models, base, variants, args, nproc=1)
+    records, pairs, phases = run_on_ranks(measure_round, args.models, base, variants, args, nproc=1)
     if os.environ["RANK"] == "0":
         Path(args.worker).write_text(json.dumps({
             "timeline": [record.to_json() for record in records],
             "pairs": [[knob, value, measured] for (knob, value), measured in pairs.items()],
+            "phases": [[knob, value, found] for (knob, value), found in phases.items()],
         }))
 
 
@@ -387,23 +408,27 @@ def main(argv=None) -> int:
 
 
 def measure(args, base: dict, variants: list) -> dict | None:
-    """``{model: {"runs": [timeline lines per round], "pairs": [[knob, value, [[setting_ms, base_ms], ...]]]}}``:
-    what every round measured (JSON, as ``--save`` writes it); ``None`` when the lab failed."""
+    """``{model: {"runs": [timeline lines per round], "pairs": [[knob, value, [[setting_ms, base_ms], ...]]],
+    "phases": [[knob, value, [phases per round]]]}}``: what every round measured (JSON, as ``--save``
+    writes it); ``None`` when the lab failed."""
     measured = {}
     for model_name in args.models.split(","):
         started = time.perf_counter()
-        runs, pairs = [], {}
+        runs, pairs, phases = [], {}, {}
         for _ in range(args.rounds):
             try:
-                records, found = (measure_on_lab(model_name, args) if args.lab else
-                                  run_on_ranks(measure_round, model_name, base, variants, args, nproc=args.nproc))
+                records, found, split = (measure_on_lab(model_name, args) if args.lab else
+                                         run_on_ranks(measure_round, model_name, base, variants, args, nproc=args.nproc))
             except LabError as error:
                 print(f"benchmarks/advisor_accuracy.py: {error}", file=sys.stderr)
                 return None
             runs.append([record.to_json() for record in records])
             for key, values in found.items():
                 pairs.setdefault(key, []).extend(values)
+            for key, values in split.items():
+                phases.setdefault(key, []).append(values)
         measured[model_name] = {"runs": runs, "pairs": [[knob, value, values] for (knob, value), values in pairs.items()],
+                                "phases": [[knob, value, values] for (knob, value), values in phases.items()],
                                 "seconds": time.perf_counter() - started}
     return measured
 
@@ -434,7 +459,7 @@ def report(model_name: str, data: dict, args) -> list[float]:
           f"({base_predicted / p.step_ms - 1:+.1%}; target within 2%)")
     print(f"{'knob':<14} {'value':<18} {'predicted ms':>13} {'measured ms':>12} {'error':>8}   "
           f"{'pair ratios':<17} {'plain error':>11}")
-    errors = []
+    errors, rows = [], {}
     for (knob, value), measured in pairs.items():
         predicted = model.predict(setting_of(knob, value, p)).step_ms
         ratios = [setting_ms / base_ms for setting_ms, base_ms in measured]
@@ -443,15 +468,54 @@ def report(model_name: str, data: dict, args) -> list[float]:
         base_ms = statistics.median(b for _, b in measured)
         plain = predicted / statistics.median(s for s, _ in measured) - 1
         errors.append(abs(error))
+        rows[(knob, value)] = (predicted / base_predicted * base_ms, measured_ratio * base_ms)
         # Both at the base's speed in these pairs, so that predicted / measured - 1 = error.
         print(f"{knob:<14} {str(value):<18} {predicted / base_predicted * base_ms:>13.1f} {measured_ratio * base_ms:>12.1f} "
               f"{error:>+8.1%}   {min(ratios):.2f}-{max(ratios):.2f}{'':<8} {plain:>+11.1%}{wire_verdicts(knob, predicted / base_predicted, measured_ratio)}")
     targets = LAB_TARGETS if args.lab else LOOPBACK_TARGETS
     print(f"{model_name}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
           f"(targets {targets[0]:.0%}, {targets[1]:.0%})")
+    print_phases(model, data, rows)
     if not args.lab:
         check_world_sizes(model)
     return errors
+
+
+def print_phases(model, data: dict, rows: dict) -> None:
+    """Where each setting's step went in its blocks (rank 0's timeline, medians; a file saved
+    before the phases were recorded has none), beside the advisor's predicted exposed time.
+
+    On the lab every host computes on this machine's shared cores: a world-size row's forward,
+    backward and the rest of its step (everything but exposed communication) grow with the hosts
+    that share them, which a cluster's hosts, each with cores of its own, would not, and no
+    network model predicts. So each world-size row also gets its error **on cores of its own**:
+    its measured step less what that part grew by over the base's (both measured in the blocks),
+    against the same prediction. The raw error stays the row's error; this one says how much
+    of it is the shared cores."""
+    phases = {(knob, value): found for knob, value, found in data.get("phases", [])}
+    found = {key: [r for r in rounds if r] for key, rounds in phases.items()}
+    median = {key: {name: statistics.median(r[name] for r in rounds) for name in PHASES}
+              for key, rounds in found.items() if rounds}
+    if not median:
+        return
+    print(f"where the step went, measured in the blocks (ms): {'step':>7} {'forward':>8} {'backward':>9} "
+          f"{'exposed':>8} {'(predicted exposed)':>20}")
+    for (knob, value), m in median.items():
+        predicted = model.predict(setting_of(knob, value, model.profile)).exposed_ms
+        print(f"  {knob:<14} {str(value):<18} {m['step_ms']:>20.1f} {m['forward_ms']:>8.1f} "
+              f"{m['backward_ms']:>9.1f} {m['exposed_ms']:>8.1f} {predicted:>20.1f}")
+    base = median.get(("base", None))
+    sizes = [(key, m) for key, m in median.items() if key[0] == "world_size" and key in rows]
+    if base is None or not sizes:
+        return
+    print("world sizes on cores of their own (the measured step less what the shared cores added to the rest of it "
+          "over the base's):")
+    for key, m in sizes:
+        grown = (m["step_ms"] - m["exposed_ms"]) - (base["step_ms"] - base["exposed_ms"])
+        predicted_ms, measured_ms = rows[key]
+        print(f"  p={key[1]}: the rest of the step {m['step_ms'] - m['exposed_ms']:.1f} ms against the base's "
+              f"{base['step_ms'] - base['exposed_ms']:.1f} ms; measured {measured_ms:.1f} - {grown:.1f} ms, "
+              f"error {predicted_ms / (measured_ms - grown) - 1:+.1%} (raw {predicted_ms / measured_ms - 1:+.1%})")
 
 
 def wire_verdicts(knob: str, predicted_ratio: float, measured_ratio: float) -> str:

@@ -27,7 +27,11 @@ from ddp_ring_hooks.advisor import (
     step_model,
 )
 from ddp_ring_hooks.advisor.bucketing import MIB, assign_buckets, bucket_limits, rebuilt_bucket_bytes
+from ddp_ring_hooks.advisor.link_directions import counted_directions, link_directions
+from ddp_ring_hooks.advisor.network import DENSIFY, GATHER, SparseBucket, bucket_cost
+from ddp_ring_hooks.advisor.profile import service_ms
 from ddp_ring_hooks.advisor.replay import BucketCost, replay
+from ddp_ring_hooks.schedules import BOTH, IN, OUT, algorithm_examples, build_schedule, get_algorithm, resolve_options
 from ddp_ring_hooks.advisor.ready_curve import ReadyCurve
 from ddp_ring_hooks.telemetry.timeline_records import TimelineBucket, TimelineRun, TimelineStep
 
@@ -167,6 +171,78 @@ def test_replay_matches_the_closed_forms():
     assert replay([0.0, 0.0], [BucketCost(0.5, 5.0)] * 2, lanes=2, backward_ms=0.0).ends[-1] == pytest.approx(10.5)
     with pytest.raises(ValueError, match="2 ready times but 1 costs"):
         replay([0.0, 1.0], [BucketCost(1.0, 1.0)], lanes=1, backward_ms=0.0)
+
+
+@pytest.mark.fast
+def test_a_tree_queue_uses_both_ways_of_the_full_duplex_link():
+    """A link is full duplex. K equal tree (or naive) buckets of 2nβ each (the reduce comes in,
+    then the broadcast goes out), all handed at once on two lanes, end after (K+1)·nβ: each
+    one's broadcast goes out while the next one's reduce comes in. One lane serializes them
+    (2K·nβ); one bucket alone takes its 2nβ; rings, both ways at once, take turns (K·nβ)."""
+    network = from_latency_bandwidth(latency_s=0.0, bandwidth_Bps=1e9)
+    n, count = 4 * MIB, 5
+    n_beta = n * 1e-6  # ms at 1 GB/s
+    for algorithm in ("tree", "naive"):
+        tree = bucket_cost(network, algorithm, n, 2)
+        assert tree.link_ms == pytest.approx(2 * n_beta) and tree.link_directions == ((IN, 0.5), (OUT, 0.5))
+        assert replay([0.0] * count, [tree] * count, lanes=2, backward_ms=0.0).ends[-1] == pytest.approx((count + 1) * n_beta)
+        assert replay([0.0] * count, [tree] * count, lanes=1, backward_ms=0.0).ends[-1] == pytest.approx(2 * count * n_beta)
+        assert replay([3.0], [tree], lanes=2, backward_ms=3.0).exposed_ms == pytest.approx(2 * n_beta)
+    ring = bucket_cost(network, "ring", n, 2)
+    assert ring.link_ms == pytest.approx(n_beta) and ring.link_directions == ((BOTH, 1.0),)
+    assert replay([0.0] * count, [ring] * count, lanes=2, backward_ms=0.0).ends[-1] == pytest.approx(count * n_beta)
+    # A densified sparse bucket travels as its algorithm does; a gathered one (ring all-gathers) both ways.
+    assert bucket_cost(network, "tree", SparseBucket(1e5, n, DENSIFY), 2).link_directions == tree.link_directions
+    assert bucket_cost(network, "tree", SparseBucket(1e5, n, GATHER), 2).link_directions == ((BOTH, 1.0),)
+    with pytest.raises(ValueError, match="shares add up to 1"):
+        BucketCost(0.0, 1.0, ((IN, 0.5),))
+
+
+@pytest.mark.fast
+def test_the_step_model_prices_a_tree_on_both_ways_of_the_link():
+    """From a ring run whose buckets (1 and 3 MiB) are all exposed, on two lanes: the tree's
+    exposed time on a network of 1 GB/s is 7 MiB·β (b0 in, then out while b1's 3 MiB come in,
+    then b1 out), not the 8 MiB·β of one link shared by both ways; the ring's 4 MiB·β."""
+    model = step_model(timeline(ready=[20.0, 20.0], lanes=2)).with_network(
+        from_latency_bandwidth(latency_s=0.0, bandwidth_Bps=1e9))
+    exposed = {a: model.predict(Setting(bucket_cap_mb=None, accumulate=1, algorithm=a, world_size=2)).exposed_ms
+               for a in ("ring", "tree", "naive")}
+    assert exposed["tree"] - exposed["ring"] == pytest.approx(3 * MIB * 1e-6)
+    assert exposed["naive"] == pytest.approx(exposed["tree"])
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 5, 6, 8, 12])
+@pytest.mark.fast
+def test_link_directions_are_counted_on_the_schedule(world_size):
+    """The closed forms (the ring's, the hierarchy's: both ways throughout) say what the schedule
+    says, for every example option; a tree's and naive's root is in for half its link time, then
+    out; halving-doubling off a power of two folds in and unfolds out, its shares the formula's."""
+    for name, options in algorithm_examples(world_size, scheduled_only=True):
+        record = get_algorithm(name)
+        if record.link_directions is None or not record.applies(world_size, resolve_options(name, options)):
+            continue
+        counted = counted_directions(build_schedule(name, world_size, **options))
+        assert record.link_directions(world_size, **options) == counted, (name, options)
+    for name in ("tree", "naive"):
+        assert link_directions(name, world_size) == ((IN, 0.5), (OUT, 0.5))
+    pof2 = 1 << (world_size.bit_length() - 1)
+    fold = (pof2 != world_size) / (2 * (pof2 - 1) / pof2 + 2 * (pof2 != world_size))
+    expected = ((BOTH, 1.0),) if not fold else ((IN, fold), (BOTH, 1 - 2 * fold), (OUT, fold))
+    found = link_directions("halving_doubling", world_size)
+    assert [way for way, _ in found] == [way for way, _ in expected]
+    assert [share for _, share in found] == pytest.approx([share for _, share in expected])
+    assert link_directions("native", world_size) == link_directions("auto", world_size) == ((BOTH, 1.0),)
+
+
+@pytest.mark.fast
+def test_a_buckets_own_link_time_counts_what_ran_beside_it():
+    """``service_ms``: two buckets started together on two lanes, the second ending later. Two
+    rings took turns: the second's own time is from the first's end. Two trees overlapped: the
+    second's reduce came in from the end of the first's (its broadcast went out beside it)."""
+    spans = [(0.0, 2.0), (0.0, 3.0)]
+    assert service_ms(spans) == [2.0, 1.0]
+    trees = [((IN, 0.5), (OUT, 0.5))] * 2
+    assert service_ms(spans, trees) == [2.0, 2.0]
 
 
 @pytest.mark.fast
@@ -754,8 +830,62 @@ def test_the_wire_rows_say_pays_on_a_slow_link_and_does_not_pay_where_casts_cost
 
 
 @pytest.mark.fast
-def test_a_row_whose_error_bar_is_wider_than_its_gain_says_so_and_is_not_recommended():
-    records = timeline(ready=[20.0, 20.0])
+def test_the_probes_bandwidth_is_scaled_to_the_link_time_the_run_measured():
+    """A probe that reads the link 25% fast (on the lab, tbf's burst favours its small sizes):
+    the run's own link time (its buckets' times on the link, α priced apart) sets the rate, so
+    bf16, half the bytes, is exposed for 4α + half the run's bytes at the run's rate (2.50 ms),
+    not the probe's half plus the whole run's shortfall as a constant (2.92 ms). On one host
+    (loopback: no wire, the cores' time) the probe prices the rows as it read them."""
+    records = _probed(timeline(ready=[20.0, 20.0]), probe_samples(ALPHA_MS * 1e-3, 1.25e3 / BETA_MS, 0.0))
+    two_hosts = [dataclasses.replace(records[0], nodes=(0, 1), local_world_size=1), *records[1:]]
+    bf16 = Setting(bucket_cap_mb=None, accumulate=1, algorithm="ring", world_size=2, wire="bf16")
+    for run, expected in ((two_hosts, 4 * ALPHA_MS + 2 * MIB * BETA_MS), (records, 4 * ALPHA_MS + 2.4 * MIB * BETA_MS)):
+        model = step_model(run)
+        assert model.predict(run_setting(model.profile)).exposed_ms == pytest.approx(model.profile.exposed_ms)
+        assert model.predict(bf16).exposed_ms == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.fast
+def test_on_one_host_the_two_ways_are_one_resource():
+    """On loopback the same cores copy both ways: a tree's one-way halves each have the whole
+    resource, so at p=2 it costs what the ring costs (measured 0.93-1.14x), where ranks on two
+    hosts (full duplex) pay the tree's 2n·β against the ring's n·β."""
+    tree = BucketCost(0.0, 8.0, ((IN, 0.5), (OUT, 0.5)))
+    ring = BucketCost(0.0, 4.0)
+    for lanes in (1, 2):
+        shared = replay([0.0] * 3, [tree] * 3, lanes=lanes, backward_ms=0.0, shared_ways=2.0)
+        assert shared.ends == replay([0.0] * 3, [ring] * 3, lanes=lanes, backward_ms=0.0, shared_ways=2.0).ends
+        assert shared.ends[-1] == pytest.approx(12.0)
+    records = _probed(timeline(ready=[20.0, 20.0]), probe_samples(ALPHA_MS * 1e-3, 1e3 / BETA_MS, 0.0))
+    two_hosts = [dataclasses.replace(records[0], nodes=(0, 1), local_world_size=1), *records[1:]]
+    exposed = {}
+    for where, run in (("one host", records), ("two hosts", two_hosts)):
+        model = step_model(run)
+        assert model.profile.one_host == (where == "one host")
+        exposed[where] = {a: model.predict(Setting(bucket_cap_mb=None, accumulate=1, algorithm=a, world_size=2)).exposed_ms
+                          for a in ("ring", "tree")}
+    assert exposed["one host"]["tree"] == pytest.approx(exposed["one host"]["ring"])
+    assert exposed["two hosts"]["tree"] - exposed["two hosts"]["ring"] == pytest.approx(4 * MIB * BETA_MS, rel=1e-6)
+
+
+def _link_scattered(records, factors):
+    """``records`` whose steps' buckets took ``factors`` times as long, step by step (their
+    link busy time scatters; the medians stay those of the steps at 1), on two hosts."""
+    steps = [dataclasses.replace(step, buckets=tuple(
+        dataclasses.replace(b, end_ms=b.start_ms + f * (b.end_ms - b.start_ms)) for b in step.buckets))
+        for step, f in zip(records[1:], factors)]
+    return [dataclasses.replace(records[0], nodes=(0, 1), local_world_size=1), *steps]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("where", ["one host", "two hosts"])
+def test_a_row_whose_error_bar_is_wider_than_its_gain_says_so_and_is_not_recommended(where):
+    """The error bar: the network at the probe's fastest and slowest blocks (on one host, as the
+    probe read them); on two hosts each also scaled to the run's fastest and slowest step on its
+    link (the run measures its own wire's rate), so there the run's scatter makes it wide."""
+    records = timeline(ready=[20.0, 20.0], steps=5)
+    if where == "two hosts":
+        records = _link_scattered(records, (1.0, 0.2, 1.0, 3.0, 1.0))
     advice = advise(_probed(records, probe_samples(50e-6, 50e6, 0.1e-9, spread=0.6)))
     uncertain = [r for r in advice["what_if"] if r["uncertain"]]
     assert uncertain and all(r["speedup_range"][1] - r["speedup_range"][0] > 2 * abs(r["speedup"] - 1) for r in uncertain)

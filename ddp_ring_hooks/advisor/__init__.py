@@ -7,7 +7,8 @@ process groups, so it runs offline and in unit tests without ranks::
 
 - :mod:`.bucketing`: DDP's bucketing rules for another ``bucket_cap_mb``;
 - :mod:`.ready_curve`: bytes of gradient ready vs time in backward;
-- :mod:`.lanes`: buckets queued through the communication lanes, exposed time;
+- :mod:`.replay`: buckets queued through the communication lanes and the link's two ways, exposed time;
+- :mod:`.link_directions`: which way of the link (out, in, both) each part of an all-reduce holds;
 - :mod:`.network`: α-β per algorithm from this run, a ``bench --json`` file, two numbers, or two tiers;
 - :mod:`.ring_order`: what the rank order costs when the ring crosses nodes more than it must;
 - :mod:`.profile`: the run's medians (compute, contention, optimizer, buckets);

@@ -149,7 +149,10 @@ def what_if(model: StepModel) -> list[dict]:
     variants += [("algorithm", a, replace(here, algorithm=a, algorithm_options=())) for a in algorithm_names()]
     variants += [("world_size", p, replace(here, world_size=p)) for p in world_sizes(here.world_size)]
     variants += [(WIRE, w, replace(here, wire=w)) for w in WIRE_BYTES]
-    bounds = [model.with_network(n) for n in model.network.bounds] if model.network.bounds else []
+    # The same row on the fastest and the slowest network the probe allows, each scaled to the
+    # run's fastest and slowest step on its link.
+    bounds = ([replace(model.with_network(n), link_busy=busy) for n, busy in zip(model.network.bounds, ("fastest", "slowest"))]
+              if model.network.bounds else [])
     rows = []
     for knob, value, setting in variants:
         try:

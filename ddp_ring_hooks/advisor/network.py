@@ -47,6 +47,7 @@ from dataclasses import dataclass, replace
 
 from ..cost_model import Links, ProbeSample, TwoTier, bytes_sent_per_rank, coefficients, cost_terms, fit, fit_probe
 from ..schedules import CostTerms, algorithm_names, build_schedule, formula_for, get_algorithm
+from .link_directions import link_directions
 from .replay import BucketCost
 
 ANY = "*"
@@ -161,17 +162,20 @@ def bucket_cost(network: Network, algorithm: str, nbytes: float | SparseBucket, 
                 **options) -> BucketCost:
     """What one bucket of ``nbytes`` costs the replay (:mod:`.replay`): the one price of a
     bucket, for every row of the advice. ``link``: its bytes on the links (``bytes·β``, and inside
-    a node ``local_bytes·β_l``); ``fixed``: the rest, on its lane (every message's ``α``, the
-    additions and casts at ``γ``). A :class:`SparseBucket` is priced as it travels (the module
-    docstring): gathered whatever ``algorithm`` (its options do not apply), or densified
-    through ``algorithm``. A new kind of bucket is priced by extending this function."""
+    a node ``local_bytes·β_l``), in the parts of the link's two ways the algorithm's schedule
+    holds (:func:`~.link_directions.link_directions`: a ring both ways at once, a tree's root
+    in then out); ``fixed``: the rest, on its lane (every message's ``α``, the additions and
+    casts at ``γ``). A :class:`SparseBucket` is priced as it travels (the module docstring):
+    gathered whatever ``algorithm`` (its options do not apply; ring all-gathers, both ways), or
+    densified through ``algorithm``. A new kind of bucket is priced by extending this function."""
     if isinstance(nbytes, SparseBucket):
         return _sparse_cost(network, algorithm, nbytes, world_size, **options)
     terms, links = network.terms(algorithm, nbytes, world_size, **options)
     n, inside = float(nbytes), links.inside
     fixed = terms.messages * links.alpha + terms.local_messages * inside.alpha + n * (terms.reduced + terms.cast) * links.gamma
     link = n * (terms.bytes * links.beta + terms.local_bytes * inside.beta)
-    return BucketCost(fixed_ms=1e3 * fixed, link_ms=1e3 * link)
+    ways = link_directions(algorithm, world_size, nbytes=n, **options)
+    return BucketCost(fixed_ms=1e3 * fixed, link_ms=1e3 * link, link_directions=ways)
 
 
 def _sparse_cost(network: Network, algorithm: str, bucket: SparseBucket, world_size: int, **options) -> BucketCost:
@@ -181,7 +185,7 @@ def _sparse_cost(network: Network, algorithm: str, bucket: SparseBucket, world_s
     links = network.two_tier.links if network.two_tier is not None else network.calibration(algorithm)
     if bucket.way == DENSIFY:  # the schedule on the dense table, and the table made and unmade
         dense = bucket_cost(network, algorithm, bucket.dense_bytes, world_size, **options)
-        return BucketCost(fixed_ms=dense.fixed_ms + 1e3 * 2 * bucket.dense_bytes * links.gamma, link_ms=dense.link_ms)
+        return replace(dense, fixed_ms=dense.fixed_ms + 1e3 * 2 * bucket.dense_bytes * links.gamma)
     s, others = float(bucket.sparse_bytes), world_size - 1
     fixed = 3 * others * links.alpha + 2 * world_size * s * links.gamma
     return BucketCost(fixed_ms=1e3 * fixed, link_ms=1e3 * others * s * links.beta)

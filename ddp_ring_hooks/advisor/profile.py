@@ -32,9 +32,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..schedules import wire_of
+from ..schedules import BOTH, wire_of
 from ..telemetry.records import busy_ms
 from ..telemetry.timeline_records import TimelineRecord, TimelineRun, TimelineStep
+from .link_directions import BOTH_WAYS, HOLDS, Directions, link_directions
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,15 @@ class RunProfile:
     options: tuple[tuple[str, object], ...] | None = None
     probe: tuple | None = None
     probe_algorithm: str | None = None
+    #: The link's busy time per step (the sum of the buckets' own times on it, :func:`service_ms`):
+    #: the fastest, median and slowest over the measured steps (``None``: not measured).
+    link_busy_ms: tuple[float, float, float] | None = None
+
+    @property
+    def one_host(self) -> bool:
+        """Whether every rank ran on one host (loopback: no wire between them, the same cores
+        send and receive): the nodes the run recorded, else its ranks per node."""
+        return on_one_host(self.nodes, self.local_world_size, self.world_size)
 
     @property
     def wire(self) -> str | None:
@@ -126,7 +136,7 @@ class RunProfile:
         """The run's environment variables that algorithm options default to (the registry's
         ``Option.environment``), as the timeline recorded them: options are resolved as they
         were in the run, not in the shell that reads its log."""
-        return {"LOCAL_WORLD_SIZE": str(self.local_world_size)}
+        return run_environment(self.local_world_size)
 
     @property
     def bucket_cap_mb(self) -> float:
@@ -172,7 +182,9 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
     step_ms, forward, backward = median("step_ms"), median("forward_ms"), median("backward_ms")
     exposed, optimizer = median("exposed_ms"), median("optimizer_ms")
     count = len(steps[0].buckets)
-    per_step = [service_ms([(b.start_ms, b.end_ms) for b in s.buckets]) for s in steps]
+    ways = [_link_directions(run, b) for b in steps[-1].buckets]
+    per_step = [service_ms([(b.start_ms, b.end_ms) for b in s.buckets], ways) for s in steps]
+    busy = sorted(sum(services) for services in per_step)
     buckets = tuple(
         BucketProfile(
             nbytes=int(statistics.median(s.buckets[i].nbytes for s in steps)),
@@ -212,6 +224,7 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
         contention_ms=contention, contention_source=source, buckets=buckets,
         nosync_micro_ms=micro if k > 1 else None, nodes=run.nodes, ring=run.ring,
         options=run.options, probe=run.probe, probe_algorithm=run.probe_algorithm,
+        link_busy_ms=(busy[0], statistics.median(busy), busy[-1]),
     )
 
 
@@ -226,18 +239,53 @@ def _sparse_sizes(buckets) -> dict:
     return sizes
 
 
-def service_ms(spans: Sequence[tuple[float, float]]) -> list[float]:
-    """Each bucket's own time on the link, from its ``(start, end)`` in launch order: the link
-    serves buckets first come, first served (:mod:`.replay`), so bucket ``i`` holds it from its
-    start, or from the end of the buckets before it when that is later, to its end. What the
-    replay's bucket costs are fitted to: a bucket's span alone counts the time it waited for
-    the other lane's bytes, which the replay adds again. A bucket that ended before the one
-    ahead of it (their bytes interleaved) counts half its span."""
-    services, link_free = [], float("-inf")
-    for start, end in spans:
-        services.append(end - max(start, link_free) if end > link_free else 0.5 * (end - start))
-        link_free = max(link_free, end)
+def service_ms(spans: Sequence[tuple[float, float]], directions: Sequence[Directions] | None = None) -> list[float]:
+    """Each bucket's own time on the link, from its ``(start, end)`` in launch order and the
+    parts of the link's two ways it holds (``directions[i]``; default both ways, a ring's): each
+    way serves buckets first come, first served (:mod:`.replay`), so bucket ``i`` holds the link
+    from its start, or from when the buckets before it freed the ways its first part holds when
+    that is later, to its end. For rings that is the end of the bucket before; for trees (in,
+    then out) the end of the earlier bucket's reduce, since its broadcast goes out while the
+    next reduce comes in. What the replay's bucket costs are fitted to: a bucket's span alone
+    counts the time it waited for the other lane's bytes, which the replay adds again. A bucket
+    that ended before those ways were free (their bytes interleaved) counts half its span."""
+    services = []
+    free = dict.fromkeys(HOLDS[BOTH], float("-inf"))
+    for index, (start, end) in enumerate(spans):
+        ways = directions[index] if directions else BOTH_WAYS
+        first_free = max(free[way] for way in HOLDS[ways[0][0]])
+        service = end - max(start, first_free) if end > first_free else 0.5 * (end - start)
+        services.append(service)
+        # Each way is free from the end of the last part that holds it (the parts after it run beside).
+        later, settled = 0.0, set()
+        for part, share in reversed(ways):
+            for way in set(HOLDS[part]) - settled:
+                free[way] = max(free[way], end - later * service)
+                settled.add(way)
+            later += share
     return services
+
+
+def _link_directions(run: TimelineRun, bucket) -> Directions:
+    """The link parts a run's bucket held: its algorithm's (a densified sparse bucket's, on the
+    dense table its ``nbytes`` count), both ways for a gathered one (ring all-gathers) and a
+    foreign hook's (unknown), and every bucket's on one host (the two ways are one resource
+    there: :func:`~.replay.replay`'s ``shared_ways``). Options as the run resolved them (its
+    ``LOCAL_WORLD_SIZE``)."""
+    if bucket.kind not in ("dense", "densified") or on_one_host(run.nodes, run.local_world_size, run.world_size):
+        return BOTH_WAYS
+    return link_directions(run.algorithm, run.world_size, nbytes=bucket.nbytes,
+                           environment=run_environment(run.local_world_size), **dict(run.options or ()))
+
+
+def on_one_host(nodes: Sequence[int] | None, local_world_size: int, world_size: int) -> bool:
+    """Whether a run's ranks were all on one host: its recorded nodes, else its ranks per node."""
+    return len(set(nodes)) == 1 if nodes else local_world_size >= world_size
+
+
+def run_environment(local_world_size: int) -> dict[str, str]:
+    """The environment variables algorithm options default to, as a run recorded them."""
+    return {"LOCAL_WORLD_SIZE": str(local_world_size)}
 
 
 #: Measured steps (after step 1) the advisor needs: a median of one step is one disturbed step away from anything.

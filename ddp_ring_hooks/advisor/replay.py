@@ -8,32 +8,43 @@ wire dtype, the run itself) replays the same queue. Its assumptions:
 2. **A bucket costs two things** (:class:`BucketCost`, priced by
    :func:`~.network.bucket_cost`): ``fixed`` time on its own lane that needs no link (the
    messages' start-up latency α, the additions and casts γ), and ``link`` time holding the
-   link (its bytes at the link's rate β). The link is the rank's one way out: every lane's
-   bytes share it.
-3. **Every communication resource serves the buckets in order.** The CPU hook's lanes: bucket
+   link (its bytes at the link's rate β). The link is the rank's one way out and one way in:
+   every lane's bytes share it.
+3. **The link is full duplex**: its way out and its way in are two resources. A bucket's link
+   time is a sequence of parts, each holding the way out, the way in, or both, for its share
+   of the time (``BucketCost.link_directions``, counted on the algorithm's schedule:
+   :mod:`.link_directions`). A ring sends and receives in every step, both ways for its whole
+   time; a tree's or the naive root's reduce comes in, then its broadcast goes out. So one
+   bucket's broadcast runs beside the next one's reduce, where two rings' buckets take turns.
+4. **Every communication resource serves the buckets in order.** The CPU hook's lanes: bucket
    ``i`` on worker lane ``i % lanes`` (a CUDA side stream is one lane), each lane one bucket at
-   a time; the link serves the buckets' bytes in the order they reach it (first come, first
-   served: two lanes' transfers interleave on the wire, and the one that got there first is
-   taken to finish first; what the last bucket ends at, and so what is exposed, is the same
-   either way when the link never idles).
-4. A bucket starts when it is handed over and its lane is free, spends its ``fixed`` time on
-   the lane, then holds the link for ``link`` once the link is free; it ends there::
+   a time; each way of the link serves the buckets' parts in the order they reach it (first
+   come, first served: two lanes' transfers interleave on the wire, and the one that got
+   there first is taken to finish first; what the last bucket ends at, and so what is
+   exposed, is the same either way when the link never idles). A part waits for every way it
+   holds; a later bucket never slips into a gap before an earlier bucket's part.
+5. A bucket starts when it is handed over and its lane is free, spends its ``fixed`` time on
+   the lane, then its link parts one after the other, each once the ways it holds are free;
+   it ends with its last part. Two lanes, rings (both ways) and trees (in, then out)::
 
-       handed  h0      h1  h2                          | backward ends (last bucket handed)
-       lane 0  [f0][== link b0 ==]      [f2]...[== link b2 ==]
-       lane 1          [f1]...........[== link b1 ==]         |<- exposed ->|
-                           (b1 waits for the link)
+       handed  h0  h1                                   | backward ends (last bucket handed)
+       ring    lane 0  [f0][=== b0 both ===]
+               lane 1  [f1]................[=== b1 both ===]       (b1 waits for both ways)
+       tree    lane 0  [f0][= b0 in =][= b0 out =]
+               lane 1  [f1]...........[= b1 in =][= b1 out =]      (b1's reduce comes in
+                                                                    while b0's broadcast goes out)
 
-5. Nothing else is modelled here: CPU contention with backward (hidden communication taking
+6. Nothing else is modelled here: CPU contention with backward (hidden communication taking
    cores from backward) is the step model's (:mod:`.step_model`), and so is what the α-β
    prices leave out (calibrated on the run itself).
 
 Because every resource is first come, first served and buckets reach them in hand-over order,
-replaying the events in that order is the whole simulation: each bucket's start, link start
-and end follow from the ones before it. Closed forms it reproduces (``tests/test_advisor.py``):
+replaying the events in that order is the whole simulation: each bucket's start, parts and
+end follow from the ones before it. Closed forms it reproduces (``tests/test_advisor.py``):
 one bucket with nothing to overlap ends after ``fixed + link``; buckets handed early enough are
-hidden, and only the last one's cost is exposed; a link-bound queue ends after the sum of the
-links' times.
+hidden, and only the last one's cost is exposed; a link-bound queue of rings ends after the
+sum of the links' times; one of ``K`` equal trees (or naive all-reduces) of ``2·n·β`` each,
+on two lanes, after ``(K+1)·n·β``.
 
 What it reports uses one start for everything: **communication** is the time from a bucket's
 hand-over to its end, queue included (the union over buckets), and **exposed** the part after
@@ -47,14 +58,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..telemetry.records import busy_ms
+from ..schedules import BOTH
+from .link_directions import BOTH_WAYS, HOLDS, Directions
 
 
 @dataclass(frozen=True)
 class BucketCost:
-    """What one bucket's all-reduce costs (ms): ``fixed`` on its lane, ``link`` holding the link."""
+    """What one bucket's all-reduce costs (ms): ``fixed`` on its lane, ``link`` holding the link,
+    spent in the parts ``link_directions`` names (the way out, the way in, or both; shares of
+    ``link_ms`` in order; default both ways for all of it, as a ring)."""
 
     fixed_ms: float
     link_ms: float
+    link_directions: Directions = BOTH_WAYS
+
+    def __post_init__(self) -> None:
+        unknown = [way for way, _ in self.link_directions if way not in HOLDS]
+        total = sum(share for _, share in self.link_directions)
+        if unknown or abs(total - 1.0) > 1e-9:
+            raise ValueError(f"a bucket's link parts hold {', '.join(HOLDS)} and their shares add up to 1; "
+                             f"got {self.link_directions!r}")
 
     @property
     def total_ms(self) -> float:
@@ -75,7 +98,7 @@ class Replayed:
     hidden_ms: float
     #: after backward ended, until the last bucket ended
     exposed_ms: float
-    #: time the link carried bytes
+    #: time the link carried bytes (each bucket's link time, whichever ways it held)
     link_ms: float
 
     @property
@@ -84,28 +107,47 @@ class Replayed:
         return tuple(start - handed for start, handed in zip(self.starts, self.handed))
 
 
-def replay(ready_ms: Sequence[float], costs: Sequence[BucketCost], *, lanes: int, backward_ms: float) -> Replayed:
-    """Replay buckets (in DDP's launch order) through ``lanes`` lanes and one link.
+def replay(ready_ms: Sequence[float], costs: Sequence[BucketCost], *, lanes: int, backward_ms: float,
+           shared_ways: float | None = None) -> Replayed:
+    """Replay buckets (in DDP's launch order) through ``lanes`` lanes and one full-duplex link.
 
     ``ready_ms[i]``: when bucket ``i`` is ready; ``costs[i]``: its :class:`BucketCost`;
-    ``backward_ms``: when backward ends (the last gradient is ready)::
+    ``backward_ms``: when backward ends (the last gradient is ready). Two rings' buckets take
+    turns on the link; two trees' overlap by their halves.
+
+    ``shared_ways``: ranks on one host (loopback) have no wire: the same cores copy the bytes
+    out and in, so the two ways are one resource, and a part that holds one way has it all. Its
+    time is then its price times the ways it holds over ``shared_ways``, the ways held on
+    average by the algorithm the network was fitted to (2 for a ring, both at once): a tree's
+    one-way half takes half its price where a ring's both-ways part takes all of it. (Measured
+    on loopback, 2 ranks: the tree's step 0.93-1.14x the ring's, where full duplex said 1.3x.)::
 
         >>> replay([0, 0], [BucketCost(0, 4), BucketCost(0, 4)], lanes=2, backward_ms=2).exposed_ms
         6.0
+        >>> tree = BucketCost(0, 4, (("in", 0.5), ("out", 0.5)))
+        >>> replay([0, 0], [tree, tree], lanes=2, backward_ms=2).exposed_ms
+        4.0
     """
     if lanes < 1:
         raise ValueError(f"lanes must be >= 1, got {lanes}")
     if len(ready_ms) != len(costs):
         raise ValueError(f"{len(ready_ms)} ready times but {len(costs)} costs")
     lane_free = [float("-inf")] * lanes
-    link_free = handed = float("-inf")
+    way_free = dict.fromkeys(HOLDS[BOTH], float("-inf"))  # each way of the link (out, in): free from then on
+    handed = float("-inf")
     handed_at, starts, ends = [], [], []
     for i, (ready, cost) in enumerate(zip(ready_ms, costs)):
         handed = max(handed, ready)  # DDP hands buckets over in order
         start = max(handed, lane_free[i % lanes])
-        end = max(start + cost.fixed_ms, link_free) + cost.link_ms
-        if cost.link_ms > 0:
-            link_free = end
+        end = start + cost.fixed_ms
+        for way, share in cost.link_directions:
+            held = share * cost.link_ms
+            if shared_ways:
+                held, way = held * len(HOLDS[way]) / shared_ways, BOTH
+            if held <= 0:
+                continue
+            end = max(end, *(way_free[w] for w in HOLDS[way])) + held
+            way_free.update(dict.fromkeys(HOLDS[way], end))
         lane_free[i % lanes] = end
         handed_at.append(handed)
         starts.append(start)

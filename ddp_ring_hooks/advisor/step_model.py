@@ -13,8 +13,9 @@
    gathered, whatever the algorithm, with a wire that grows with the world size; or densified
    through the setting's algorithm. DDP gives it a bucket of its own, so another bucket cap
    repacks only the dense parameters around it.
-3. **Replay.** The buckets queue through the lanes and the one shared link (:mod:`.replay`):
-   communication from each hand-over, the part hidden behind backward, and the exposed part after it.
+3. **Replay.** The buckets queue through the lanes and the link, each of its two ways (out,
+   in) its own resource (:mod:`.replay`): communication from each hand-over, the part hidden
+   behind backward, and the exposed part after it.
 4. **Contention.** On CPU, hidden communication still costs backward time: the communication
    threads copy and add bytes on the same cores. The run measured it (:mod:`.profile`); it is
    taken to grow with the bytes moved while backward runs (``bytes_factor · bucket bytes``,
@@ -24,7 +25,10 @@
    run measured; the differences (the exposed time the α-β queue does not explain: hook
    start-up, waiting for the slower rank; the communication time likewise; the contention
    the bytes behind backward do not explain) are added to every prediction, so the run's own
-   setting is predicted exactly and the others move by what the model says changes.
+   setting is predicted exactly and the others move by what the model says changes. Before
+   that, a network measured here is fitted to the run's own link (:class:`OwnLink`): on
+   several hosts its β scaled to the link time the run measured, on one host the link's two
+   ways one resource.
 
 Samples per step grow as ``k · p``: the effective batch grows with accumulation ``k``
 (that changes the optimization) and with the world size ``p``.
@@ -39,7 +43,8 @@ from .bucketing import bucket_limits, rebuilt_bucket_bytes
 from .network import DENSIFY, GATHER, Network, SparseBucket, bucket_cost, bytes_factor
 from .profile import BucketProfile, RunProfile
 from .ready_curve import ReadyCurve
-from .replay import replay
+from .link_directions import link_directions, ways_held
+from .replay import BucketCost, replay
 
 
 @dataclass(frozen=True)
@@ -145,24 +150,88 @@ def setting_options(profile: RunProfile, setting: Setting) -> dict:
     return options if setting.wire is None else with_wire(options, setting.wire)
 
 
-def _model(profile: RunProfile, network: Network, setting: Setting, contention_per_byte: float) -> _Raw:
+@dataclass(frozen=True)
+class OwnLink:
+    """What the run measured of its own link, beyond the α-β network that prices it (used only
+    where that network was measured here: its probe, its buckets).
+
+    ``scale``: the run's link time over the network's price of it (:func:`link_scale`): every
+    bucket's link time is priced ``scale`` times, so an error of the network's β (the probe's
+    small sizes: on the lab, tbf's burst read its links up to 6% fast) moves each row with its bytes, where
+    the calibration's offset would add the same milliseconds to a row of half the bytes.
+    ``shared_ways``: ranks on one host (loopback) send and receive through the same cores, so
+    the link's two ways are one resource (:func:`~.replay.replay`); ``None``: full duplex."""
+
+    scale: float = 1.0
+    shared_ways: float | None = None
+
+
+FULL_DUPLEX = OwnLink()
+
+
+def _model(profile: RunProfile, network: Network, setting: Setting, contention_per_byte: float,
+           own: OwnLink = FULL_DUPLEX) -> _Raw:
     sizes, ready = _layout(profile, setting)
     options = setting_options(profile, setting)
-    costs = [bucket_cost(network, setting.algorithm, n, setting.world_size, **options) for n in sizes]
+    costs = [_scaled(bucket_cost(network, setting.algorithm, n, setting.world_size, **options), own.scale) for n in sizes]
     factor = bytes_factor(setting.algorithm, setting.world_size, **options)
     clean_backward = profile.backward_ms - profile.contention_ms
     contention = profile.contention_ms
     for _ in range(3):  # contention stretches backward, which moves the hand-overs
         backward = clean_backward + contention
         scale = backward / clean_backward if clean_backward > 0 else 1.0
-        lanes = replay([r * scale for r in ready], costs, lanes=profile.lanes, backward_ms=backward)
+        lanes = replay([r * scale for r in ready], costs, lanes=profile.lanes, backward_ms=backward,
+                       shared_ways=own.shared_ways)
         contention = contention_per_byte * factor * _hidden_bytes(sizes, lanes.starts, lanes.ends, backward)
     backward = clean_backward + contention
     scale = backward / clean_backward if clean_backward > 0 else 1.0
-    lanes = replay([r * scale for r in ready], costs, lanes=profile.lanes, backward_ms=backward)
+    lanes = replay([r * scale for r in ready], costs, lanes=profile.lanes, backward_ms=backward,
+                   shared_ways=own.shared_ways)
     step = (setting.accumulate * profile.clean_micro_ms + profile.step_rest_ms + contention + lanes.exposed_ms
             + profile.optimizer_ms)
     return _Raw(step, lanes.comm_ms, lanes.exposed_ms, contention, len(sizes))
+
+
+def _scaled(cost: BucketCost, link_scale: float) -> BucketCost:
+    return cost if link_scale == 1.0 else replace(cost, link_ms=cost.link_ms * link_scale)
+
+
+#: Which of the run's measured link times (:attr:`~.profile.RunProfile.link_busy_ms`) a model
+#: scales its network to: its median step's, or, for the error bar, its fastest or slowest step's.
+LINK_BUSY = ("fastest", "median", "slowest")
+
+
+def link_scale(profile: RunProfile, network: Network, busy: str = "median") -> float:
+    """The run's own link time over ``network``'s price of it: the link's busy time in the run
+    (the sum of the buckets' own times on it, :attr:`~.profile.BucketProfile.service_ms`: the
+    same whatever share of it each bucket got), less the buckets' priced fixed parts, over their
+    priced link parts. 1 where nothing is priced on the link or the fixed parts take it all, and
+    on one host: there is no wire to measure, the buckets' times in training are the cores'
+    (shared with backward, which the contention term prices). Scaled there, the loopback rows
+    moved the wrong way: cap 1 from -4.0% and -6.6% to -21.3% and -25.7%, bf16 from +1.7% and
+    -3.6% to -10.7% and -17.0% (``advisor_accuracy.py``, 2026-12-02, MLP runs 2 and 3)."""
+    if profile.one_host:
+        return 1.0
+    setting = run_setting(profile)
+    options = setting_options(profile, setting)
+    costs = [bucket_cost(network, setting.algorithm, priced(b), setting.world_size, **options) for b in profile.buckets]
+    link = sum(c.link_ms for c in costs)
+    busy_ms = (profile.link_busy_ms[LINK_BUSY.index(busy)] if profile.link_busy_ms is not None
+               else sum(b.service_ms for b in profile.buckets))
+    measured = busy_ms - sum(c.fixed_ms for c in costs)
+    return measured / link if link > 0 and measured > 0 else 1.0
+
+
+def shared_ways(profile: RunProfile) -> float | None:
+    """On one host, the ways the run's own algorithm held on average (2 for the ring: both at
+    once; 1 for a tree: one at a time): what the network fitted to it priced a byte at
+    (:func:`~.replay.replay`'s ``shared_ways``). ``None`` for ranks on several hosts: full duplex."""
+    if not profile.one_host:
+        return None
+    setting = run_setting(profile)
+    largest = max((b.nbytes for b in profile.buckets), default=0)
+    return ways_held(link_directions(setting.algorithm, setting.world_size, nbytes=largest,
+                                     **setting_options(profile, setting)))
 
 
 def contention_per_byte(profile: RunProfile, network: Network) -> float:
@@ -171,7 +240,8 @@ def contention_per_byte(profile: RunProfile, network: Network) -> float:
     sizes = [priced(b) for b in profile.buckets]
     options = setting_options(profile, setting)
     costs = [bucket_cost(network, setting.algorithm, n, setting.world_size, **options) for n in sizes]
-    lanes = replay([b.ready_ms for b in profile.buckets], costs, lanes=profile.lanes, backward_ms=profile.backward_ms)
+    lanes = replay([b.ready_ms for b in profile.buckets], costs, lanes=profile.lanes, backward_ms=profile.backward_ms,
+                   shared_ways=shared_ways(profile))
     moved = bytes_factor(setting.algorithm, setting.world_size, **options) * _hidden_bytes(
         sizes, lanes.starts, lanes.ends, profile.backward_ms)
     return profile.contention_ms / moved if moved > 0 else 0.0
@@ -188,15 +258,21 @@ class StepModel:
     profile: RunProfile
     run_network: Network
     network: Network
+    #: which of the run's link times a network measured here is scaled to (:data:`LINK_BUSY`)
+    link_busy: str = "median"
 
     def predict(self, setting: Setting) -> Prediction:
         """The predicted step of ``setting`` (see the module docstring)."""
         per_byte = contention_per_byte(self.profile, self.run_network)
         # Calibrated on the run with the network that prices the prediction when it was measured
-        # here (the run's buckets, its probe): the run's own setting then comes out exactly.
+        # here (the run's buckets, its probe): the run's own setting then comes out exactly. Such
+        # a network is this run's link: scaled to the link time the run measured, on one host
+        # with its two ways shared; another cluster's network is full duplex, as given.
         calibrated_with = self.network if self.network.here else self.run_network
-        here = _model(self.profile, calibrated_with, run_setting(self.profile), per_byte)
-        raw = _model(self.profile, self.network, setting, per_byte)
+        ways = shared_ways(self.profile)
+        own = OwnLink(link_scale(self.profile, self.network, self.link_busy), ways) if self.network.here else None
+        here = _model(self.profile, calibrated_with, run_setting(self.profile), per_byte, own or OwnLink(1.0, ways))
+        raw = _model(self.profile, self.network, setting, per_byte, own or FULL_DUPLEX)
         exposed = max(0.0, raw.exposed_ms + (self.profile.exposed_ms - here.exposed_ms))
         # Contention the bytes moved behind backward do not explain (measured with nothing
         # hidden: the synchronizing micro-batch's own overhead) is a constant of the step, too.

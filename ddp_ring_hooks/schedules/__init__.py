@@ -26,7 +26,8 @@ from .ordering import (
     ring_crossings, ring_order_of, schedule_nodes, schedule_order, settled,
 )
 from .registry import (
-    Algorithm, CostTerms, Option, algorithm_examples, algorithm_names, check_given_options, formula_for, get_algorithm,
+    BOTH, IN, OUT, Algorithm, CostTerms, Option, algorithm_examples, algorithm_names, both_ways, check_given_options,
+    formula_for, get_algorithm,
     options_by_name, options_for, register_algorithm, resolve_options, shape_options, sized_options,
 )
 from .replay import final_state, replay
@@ -66,7 +67,8 @@ RING_ORDER = (
 
 register_algorithm(Algorithm(
     "ring", "reduce-scatter then all-gather around a ring: 2(p-1) messages of n/p",
-    build=build_ring_schedule, cost=ring_cost, busiest_sends=ring_busiest_sends, uplink_cost=ring_shared_uplink_cost,
+    build=build_ring_schedule, cost=ring_cost, busiest_sends=ring_busiest_sends, link_directions=both_ways,
+    uplink_cost=ring_shared_uplink_cost,
     layout="ring", options=(*RING_ORDER, WIRE_DTYPE),
     # The reversed order of a ring of 3+ ranks is a different ring (a permutation the grids run).
     examples=lambda p: ({},) if p < 3 else ({}, {"ring_order": tuple(reversed(range(p)))}),
@@ -96,6 +98,7 @@ register_algorithm(Algorithm(
 register_algorithm(Algorithm(
     "hierarchical", "rings inside each node, a ring across nodes on a 1/G shard",
     build=build_hierarchical_schedule, cost=hierarchical_cost, uplink_cost=hierarchical_shared_uplink_cost, layout="nodes",
+    link_directions=both_ways,  # rings inside the nodes and across them: both ways in every step
     options=(Option("local_size", None, "ranks per node; must divide the world size", check=_ranks_per_node,
                     environment="LOCAL_WORLD_SIZE", label="{}/node", metavar="G"),
              Option("segments", None, "pipeline the buffer in K segments", check=_positive_int_or_by_size,
@@ -164,7 +167,7 @@ checked_schedule.cache_clear = _checked_schedule.cache_clear  # as functools.lru
 
 
 __all__ = [
-    "ALGORITHMS", "Algorithm", "CostTerms", "Option", "Op", "RankStep", "Receive", "RingCrossings", "Schedule",
+    "ALGORITHMS", "Algorithm", "BOTH", "CostTerms", "IN", "OUT", "both_ways", "Option", "Op", "RankStep", "Receive", "RingCrossings", "Schedule",
     "ScheduleError", "Send",
     "Step", "Transfer", "build_double_binary_tree_schedule", "build_halving_doubling_schedule", "build_hierarchical_schedule",
     "build_naive_schedule", "build_ring_schedule", "build_tree_schedule", "build_schedule", "check_all_reduce",

@@ -106,6 +106,18 @@ class CostTerms:
     cast: float = 0.0
 
 
+#: The two directions of a rank's full-duplex link, and both at once: what a part of an
+#: all-reduce holds (``Algorithm.link_directions``). A ring sends and receives in every step
+#: (:data:`BOTH_WAYS`); a tree's root receives the whole reduce, then sends the whole broadcast.
+OUT, IN, BOTH = "out", "in", "both"
+
+
+def both_ways(world_size: int, **_options) -> tuple[tuple[str, float], ...]:
+    """The ``link_directions`` of an algorithm whose busiest rank sends and receives in every
+    step (the ring, the hierarchy's rings): its whole link time holds both directions."""
+    return ((BOTH, 1.0),)
+
+
 @dataclass(frozen=True, slots=True)
 class Algorithm:
     """Everything the package knows about one all-reduce algorithm (see the module docstring)."""
@@ -118,6 +130,10 @@ class Algorithm:
     # schedules grow too big to count at the advisor's large world sizes (a ring of 512 ranks
     # is half a million transfers); None: counted on the schedule.
     busiest_sends: Callable[..., float] | None = None
+    # The busiest rank's link directions in closed form, for the same reason: in order, each
+    # part of its link time as (OUT, IN or BOTH, share of it) (see :data:`BOTH_WAYS`); None:
+    # counted on the schedule (the advisor's replay, ``advisor/link_directions.py``).
+    link_directions: Callable[..., tuple[tuple[str, float], ...]] | None = None
     priced_as: str | None = None
     uplink_cost: Callable[..., CostTerms | None] | None = None
     layout: str = "ring"

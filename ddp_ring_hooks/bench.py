@@ -8,11 +8,10 @@ turn, so a burst of noise on a shared machine hits every algorithm alike::
     for size in sizes:                  # -b 4K -e 64M -f 2: 4K, 8K, ..., 64M
         for round in rounds:            # the reported time is the median over rounds
             for algorithm in algorithms:    # ring, tree, ..., auto, native (the group's all_reduce)
-                check (first round)  ->  warm up (-w)  ->  barrier, time -n calls, slowest rank
+                check once  ->  warm up (-w)  ->  barrier, time -n calls, slowest rank
 
 1. **Check.** Every rank fills the buffer with its own random input and runs the algorithm
-   once, in the first round (later rounds only warm up and time: on a shaped lab link each
-   unused call is a whole transfer). An element is *wrong* when it differs from the exact sum (``dist.all_reduce`` of
+   once. An element is *wrong* when it differs from the exact sum (``dist.all_reduce`` of
    the same input in float64) by more than ``(p - 1) · eps · Σ_r |x_r|``: the rounding bound
    for adding ``p`` numbers in any order in the buffer's dtype, with ``eps`` its machine
    epsilon (twice the unit roundoff, so the bound has a 2x margin). ``#wrong`` is summed
@@ -154,8 +153,8 @@ def run_sweep(
             for name in algorithms:
                 call = callers[name]
                 buffer = inputs.clone()
-                if name not in wrong:  # checked once, in the first round; later rounds only time
-                    call(buffer)
+                call(buffer)
+                if name not in wrong:
                     wrong[name] = _count_wrong(buffer, exact, _tolerance(magnitude, dtype, wires[name], world_size), group)
                 times[name].append(time_calls(lambda: call(buffer), buffer.device, warmup=warmup, iters=iters, group=group))
                 bar.set_postfix_str(f"{format_size(count * element_size)} {name}")

@@ -25,7 +25,6 @@ from .conftest import (
     MAIN_JOB_WARMUP_STEPS as WARMUP_STEPS,
     main_job_command,
     checkout_environment,
-    run_main_job,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,12 +55,38 @@ RESULT_KEYS = {"accumulate_grad_batches", "samples_per_s", "comm_ms_per_optimize
 
 @pytest.fixture(scope="module")
 def sweep(main_job_run) -> dict:
-    """Two runs into one output directory: two rounds (the session's), then one round (without
-    the untimed warm-up fit: no check reads the second run's numbers)."""
+    """Two runs into one output directory: two rounds (the session's), then a second run that
+    Ctrl-C stops in its first fit (the fresh directory it made is seen while it trains; one
+    launch serves both checks). What a run of one round prints is checked without ranks below."""
     output = main_job_run["output"]
-    first_events = sorted(p.name for p in (output / "version_0").rglob("events.out.tfevents.*"))
-    second = run_main_job(output, "--rounds", "1", "--warmup-fit-steps", "0")
-    return {"output": output, "first": main_job_run["stdout"], "second": second.stdout, "first_events": first_events}
+    first_events = sorted(p.relative_to(output) for p in output.rglob("events.out.tfevents.*"))
+    return {"output": output, "first": main_job_run["stdout"], "first_events": first_events,
+            "interrupted": interrupt_a_run(output)}
+
+
+def interrupt_a_run(output: Path) -> dict:
+    """Start the short main job into ``output`` (3 rounds, no warm-up fit: its first timed fit
+    starts sooner), wait until its first fit writes event files, then Ctrl-C it, as a terminal
+    does: SIGINT to torchrun and every rank at once (their process group). Returns its output,
+    the run directories its new event files were in, and what ``output`` holds after it ended."""
+    before = set(output.rglob("events.out.tfevents.*"))
+    run = subprocess.Popen(main_job_command(output, "--rounds", "3", "--warmup-fit-steps", "0"), env=ENVIRONMENT,
+                           start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    written: set[Path] = set()
+    try:
+        deadline = time.monotonic() + 180
+        while not written and run.poll() is None and time.monotonic() < deadline:  # a fit is under way
+            written = set(output.rglob("events.out.tfevents.*")) - before
+            time.sleep(0.2)
+        if written:
+            os.killpg(run.pid, signal.SIGINT)
+        out, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    return {"out": out, "written_in": sorted({p.relative_to(output).parts[0] for p in written}),
+            "left": sorted(p.name for p in output.iterdir())}
 
 
 def test_results_json_holds_one_sane_record_per_setting(sweep):
@@ -167,29 +192,18 @@ def test_one_process_is_refused_before_training(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "runs").exists() and not out  # refused before any fit
 
 
-def test_ctrl_c_removes_the_partial_run_and_the_ranks_exit_without_a_traceback(tmp_path):
+def test_ctrl_c_removes_the_partial_run_and_the_ranks_exit_without_a_traceback(sweep):
     """Ctrl-C reaches torchrun and every rank at once (the terminal signals the process group)."""
-    output = tmp_path / "runs"
-    # No warm-up fit: the first timed fit starts sooner (and the run directory is made before it).
-    sweep = subprocess.Popen(main_job_command(output, "--rounds", "3", "--warmup-fit-steps", "0"), env=ENVIRONMENT,
-                             start_new_session=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 180
-        while not list(output.glob("version_0/accumulate_*/round_0/events.out.tfevents.*")):  # a fit is under way
-            assert sweep.poll() is None and time.monotonic() < deadline, "the sweep never started its first fit"
-            time.sleep(0.2)
-        os.killpg(sweep.pid, signal.SIGINT)
-        out, _ = sweep.communicate(timeout=120)
-    finally:
-        if sweep.poll() is None:
-            os.killpg(sweep.pid, signal.SIGKILL)
-            sweep.wait()
+    interrupted, output = sweep["interrupted"], sweep["output"]
+    out = interrupted["out"]
+    assert interrupted["written_in"], f"the second run never started its first fit:\n{out[-3000:]}"
     # The signal lands during a fit: usually the first, but a fit this small can end between the
     # poll that saw its event file and the signal (seen once: "after 1 of 6"); never after all 6.
-    interrupted = re.search(rf"interrupted after (\d) of 6 fits: removed the partial run {re.escape(str(output / 'version_0'))}", out)
-    assert interrupted and int(interrupted.group(1)) < 6, out[-3000:]
-    assert list(output.iterdir()) == []  # TensorBoard has no half run to list
+    said = re.search(rf"interrupted after (\d) of 6 fits: removed the partial run {re.escape(str(output / 'version_1'))}", out)
+    assert said and int(said.group(1)) < 6, out[-3000:]
+    # TensorBoard has no half run to list, and the complete run beside it is untouched.
+    assert interrupted["left"] == ["version_0"]
+    assert sorted(p.relative_to(output) for p in output.rglob("events.out.tfevents.*")) == sweep["first_events"]
     assert "[rank0]: Traceback" not in out and "[rank1]: Traceback" not in out, out[-3000:]
 
 
@@ -215,15 +229,11 @@ def test_each_setting_and_round_is_its_own_tensorboard_run_with_hparams(sweep):
 
 
 def test_a_second_run_gets_a_fresh_version_directory(sweep):
-    output = sweep["output"]
-    assert sorted(p.name for p in output.iterdir()) == ["version_0", "version_1"]
-    assert sorted(p.name for p in (output / "version_0").rglob("events.out.tfevents.*")) == sweep["first_events"]
-    records = json.loads((output / "version_1" / "results.json").read_text())
-    assert [r["rounds"] for r in records] == [1, 1]
-    assert str(output / "version_1") in sweep["second"]
-    # One round has no spread: the run says so instead of presenting one sample as a result.
-    assert "WARNING: one round only" in sweep["second"]
-    assert "do not agree" not in sweep["second"]  # one round cannot disagree with itself
+    # The interrupted second run trained into version_1, never into the first run's version_0
+    # (whose event files it once appended to: 2x the points), and said where.
+    assert sweep["interrupted"]["written_in"] == ["version_1"], sweep["interrupted"]
+    assert str(sweep["output"] / "version_1") in sweep["interrupted"]["out"]
+    assert sorted(p.relative_to(sweep["output"]) for p in sweep["output"].rglob("events.out.tfevents.*")) == sweep["first_events"]
 
 
 # -- the arithmetic, on the numbers of a run that misled a user ---------------------------------
@@ -271,6 +281,17 @@ def test_an_uncertain_order_is_named(sweep_module):
     warnings = sweep_module.agreement_warnings(records, tolerance=0.10)
     assert [w for w in warnings if w.startswith("ORDER UNCERTAIN: k=8 vs k=4")], warnings
     assert not [w for w in warnings if "k=4 vs k=1" in w or "k=8 vs k=1" in w]
+
+
+@pytest.mark.fast
+def test_one_round_says_it_has_no_spread_instead_of_presenting_one_sample_as_a_result(sweep_module):
+    records = _records(sweep_module, {1: [80.0], 2: [90.0]})
+    assert [r["rounds"] for r in records] == [1, 1] and records[1]["speedup"] == pytest.approx(90 / 80)
+    warnings = sweep_module.agreement_warnings(records, tolerance=0.10)
+    assert warnings == ["one round only: no spread to judge agreement by; use --rounds 3 or more"]
+    table = sweep_module.format_table(records, warnings)
+    assert "WARNING: one round only" in table
+    assert "do not agree" not in table and "rounds" not in table.splitlines()[0]  # no spread columns either
 
 
 @pytest.mark.fast

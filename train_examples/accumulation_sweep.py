@@ -26,8 +26,8 @@ How it measures, so that the answer holds (or says that it does not):
    hook attached by ``RingDDPStrategy``; only the last ``--steps`` are measured (DDP reduces
    one big bucket in step 1 and rebuilds its buckets after it). Every k gets at least
    ``--steps`` measured optimizer steps, and at least ``--min-micro-batches`` measured
-   micro-batches (k=1 gets 40 steps, k=8 10): a k=1 step is short, and 10 of them were too few
-   to agree from round to round.
+   micro-batches, so by default every k measures the same 40 micro-batches (k=1 in 40 steps,
+   k=8 in 5): a k=1 step is short, and 10 of them were too few to agree from round to round.
 4. ``--rounds`` rounds (default 3), settings interleaved in alternating order (1,2,4,8 then
    8,4,2,1, ...): the load of a shared machine drifts, and alternating spreads the drift.
 5. Per fit, samples/s is that of its median optimizer step (a step another process stalled
@@ -100,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--accumulate", default="1,2,4,8",
                         help="comma-separated accumulate_grad_batches values to compare (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=10,
+    parser.add_argument("--steps", type=int, default=5,
                         help="measured optimizer steps per setting and round, at least (see "
                              "--min-micro-batches) (default: %(default)s)")
     parser.add_argument("--min-micro-batches", type=int, default=40,
@@ -112,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3,
                         help="train every setting this many times, interleaved in alternating order, and "
                              "report the median and spread over rounds (default: %(default)s)")
-    parser.add_argument("--warmup-fit-steps", type=int, default=4,
+    parser.add_argument("--warmup-fit-steps", type=int, default=2,
                         help="optimizer steps of the shared, untimed warm-up fit before round 1 "
                              "(0: none) (default: %(default)s)")
     parser.add_argument("--tolerance", type=float, default=0.10,

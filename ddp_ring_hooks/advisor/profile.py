@@ -98,6 +98,9 @@ class RunProfile:
     options: tuple[tuple[str, object], ...] | None = None
     probe: tuple | None = None
     probe_algorithm: str | None = None
+    #: Whether DDP expected each parameter's gradient sparse (a bucket of its own), as the run
+    #: recorded it (``None``: a timeline from before version 4).
+    param_sparse: tuple[bool, ...] | None = None
 
     @property
     def wire(self) -> str | None:
@@ -211,7 +214,7 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
         exposed_ms=exposed, optimizer_ms=optimizer, rest_ms=rest, comm_ms=comm, hidden_ms=hidden,
         contention_ms=contention, contention_source=source, buckets=buckets,
         nosync_micro_ms=micro if k > 1 else None, nodes=run.nodes, ring=run.ring,
-        options=run.options, probe=run.probe, probe_algorithm=run.probe_algorithm,
+        options=run.options, probe=run.probe, probe_algorithm=run.probe_algorithm, param_sparse=run.param_sparse,
     )
 
 

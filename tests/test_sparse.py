@@ -459,3 +459,21 @@ def test_the_run_line_tells_a_sparse_parameter_from_a_dense_one_of_the_same_size
         assert dense_parameters(model.profile, gathered) == ([3 * MIB, MIB], dtypes)
         other_cap = dataclasses.replace(run_setting(model.profile), bucket_cap_mb=50.0)
         assert model.predict(other_cap).buckets == buckets, f"version {run_line.version}"
+
+
+@pytest.mark.fast
+def test_a_densified_table_is_made_sparse_again_as_to_sparse_makes_it():
+    """runtime/sparse.py's sparsify keeps the rows to_sparse(1) keeps (a NaN row too, not a row of
+    zeros or of -0.0), with the same indices and values, coalesced."""
+    from ddp_ring_hooks.runtime.sparse import sparsify
+
+    table = torch.zeros(6, 3)
+    table[1, 2], table[3] = -2.5, float("nan")
+    table[4] = torch.tensor([0.0, -0.0, 1e-30])
+    table[5] = -0.0
+    ours, theirs = sparsify(table, 1), table.to_sparse(1)
+    assert ours.is_coalesced() and ours.indices().tolist() == theirs.indices().tolist() == [[1, 3, 4]]
+    assert torch.equal(ours.values().nan_to_num(7.0), theirs.values().nan_to_num(7.0))
+    bag = torch.zeros(2, 3, 4)
+    bag[1, 0, 3] = 1.0
+    assert torch.equal(sparsify(bag, 1).to_dense(), bag) and torch.equal(sparsify(bag, 2).to_dense(), bag)

@@ -15,8 +15,9 @@ arm the median time of its sparse bucket, and the script prints the median over 
 ``--rows`` (the table) against ``--tokens`` (rows each rank touches per step) sets which way
 wins: the gather moves ``O(p * nnz)`` bytes, the densified ring ``2(p-1)/p * n``. The last lines
 put the advisor's verdict (``advise``'s "sparse: gather vs densify", read from the ``ours`` and
-the ``dense`` arm's timelines) beside the measured one
-(``dense / ours``, the median of the rounds' ratios).
+the ``dense`` arm's timelines, which record the network probe it prices on) beside the measured
+one (``dense / ours``, the median of the rounds' ratios); ``--timelines DIR`` keeps those two
+timelines for ``ddp-ring-hooks advise DIR/ours.jsonl``.
 """
 
 from __future__ import annotations

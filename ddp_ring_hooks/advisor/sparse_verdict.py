@@ -25,8 +25,11 @@ Its blocks are single calls, and on a loaded machine one disturbed block (the fi
 process, a busy core) bends the median fit (once ``β = 0``, which priced 25.6 MB as free); a
 disturbance only ever slows a block, so the fastest block of each size is the network with the
 least load on it, and a slowdown common to both ways cancels in their ratio. Measured
-(``benchmarks/sparse_bucket.py``, 2 ranks, loopback): predicted densify/gather 16-23 against a
-measured 19 on a 100000 x 64 table, 0.67-0.71 against 0.74 on a 1000 x 64 one (``docs/hook.md``).
+(``benchmarks/sparse_bucket.py``, 2 ranks, three runs each, ``docs/hook.md``): predicted
+densify/gather 12-45 against 13-21 measured on a 100000 x 64 table, 0.67-0.71 against 0.53-0.62
+on a 1000 x 64 one; on the lab (400 Mbit/s) 165-188 against 184-203, 0.94-0.98 against 0.68-0.85.
+When even the fastest blocks leave ``α`` or ``β`` at 0 (all three small blocks disturbed: 2 of
+12 verdicts on loopback), the run's own fit prices both ways, and the line says so.
 
 Only the bucket's own all-reduce is compared (both ways reduce it on the hook's lanes, the rest
 of the step is the same); the densified way includes making the dense table and the sparse

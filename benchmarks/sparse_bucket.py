@@ -15,8 +15,9 @@ arm the median time of its sparse bucket, and the script prints the median over 
 ``--rows`` (the table) against ``--tokens`` (rows each rank touches per step) sets which way
 wins: the gather moves ``O(p * nnz)`` bytes, the densified ring ``2(p-1)/p * n``. The last lines
 put the advisor's verdict (``advise``'s "sparse: gather vs densify", read from the ``ours`` and
-the ``dense`` arm's timelines) beside the measured one
-(``dense / ours``, the median of the rounds' ratios).
+the ``dense`` arm's timelines, which record the network probe it prices on) beside the measured
+one (``dense / ours``, the median of the rounds' ratios); ``--timelines DIR`` keeps those two
+timelines for ``ddp-ring-hooks advise DIR/ours.jsonl``.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from ddp_ring_hooks.advisor.advice import step_model
 from ddp_ring_hooks.advisor.sparse_verdict import sparse_verdicts
 from ddp_ring_hooks.launch import run_on_ranks, under_torchrun
 
-ARMS = {"allreduce_hook": {"hook": allreduce_hook}, "ours": {"algorithm": "ring"},
-        "dense": {"algorithm": "ring", "sparse": "dense"}}
+ARMS = {"allreduce_hook": {"hook": allreduce_hook}, "ours": {"algorithm": "ring", "network_probe": True},
+        "dense": {"algorithm": "ring", "sparse": "dense", "network_probe": True}}
 TARGET = 1.05
 
 
@@ -48,6 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=100_000, help="rows of the embedding table (default: 100000)")
     parser.add_argument("--dim", type=int, default=64, help="floats per row (default: 64)")
     parser.add_argument("--tokens", type=int, default=512, help="rows looked up per rank per step (default: 512)")
+    parser.add_argument("--timelines", metavar="DIR", help="write the ours and dense arms' timelines there "
+                        "(DIR/ours.jsonl, DIR/dense.jsonl: `ddp-ring-hooks advise DIR/ours.jsonl` reads one)")
     return parser.parse_args(argv)
 
 
@@ -107,8 +110,15 @@ def report(result: dict, args: argparse.Namespace) -> None:
     for name, way in (("ours", "gathered"), ("dense", "densified")):
         [verdict] = sparse_verdicts(step_model(result["records"][name]))
         print(f"  predicted from the {way} run: densify/gather {verdict['densify_over_gather']:.2f} "
-              f"(gather {verdict['gather_ms']:.2f} ms, densify {verdict['densify_ms']:.2f} ms): "
+              f"(gather {verdict['gather_ms']:.2f} ms, densify {verdict['densify_ms']:.2f} ms, on {verdict['priced_on']}): "
               f"{verdict['verdict']} wins{'' if verdict['verdict'] == ('gather' if measured >= 1 else 'densify') else ' (NOT the measured way)'}")
+
+
+def write_timelines(result: dict, directory: str) -> None:
+    os.makedirs(directory, exist_ok=True)
+    for name, records in result["records"].items():
+        with open(os.path.join(directory, f"{name}.jsonl"), "w", encoding="utf-8") as file:
+            file.writelines(record.to_json() + "\n" for record in records)
 
 
 def main(argv=None) -> int:
@@ -116,6 +126,8 @@ def main(argv=None) -> int:
     result = run_on_ranks(measure, args, nproc=args.nproc, backend="gloo")
     if not under_torchrun() or int(os.environ["RANK"]) == 0:  # rank 0 prints the report
         report(result, args)
+        if args.timelines:
+            write_timelines(result, args.timelines)
     return 0
 
 

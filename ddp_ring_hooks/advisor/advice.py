@@ -9,7 +9,7 @@
                   "speedup_range", "uncertain", ("verdict": wire_dtype rows)}, ...],
      "recommendation": {"knob", "value", "speedup", "why"},
      "sparse": [{"bucket", "nnz", "sparse_bytes", "dense_bytes", "this_run", "measured_ms",
-                 "gather_ms", "densify_ms", "verdict", "densify_over_gather", "line"}, ...],
+                 "gather_ms", "densify_ms", "verdict", "densify_over_gather", "close", "priced_on", "line"}, ...],
      "model": {...}}       # how the numbers were made: network, contention, notes
 
 Fields added since the shape was first published (issue 31): ``speedup_range``, the row's

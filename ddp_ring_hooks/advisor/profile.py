@@ -102,6 +102,9 @@ class RunProfile:
     #: The link's busy time per step (the sum of the buckets' own times on it, :func:`service_ms`):
     #: the fastest, median and slowest over the measured steps (``None``: not measured).
     link_busy_ms: tuple[float, float, float] | None = None
+    #: Whether DDP expected each parameter's gradient sparse (a bucket of its own), as the run
+    #: recorded it (``None``: a timeline from before version 4).
+    param_sparse: tuple[bool, ...] | None = None
 
     @property
     def one_host(self) -> bool:
@@ -223,7 +226,7 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
         exposed_ms=exposed, optimizer_ms=optimizer, rest_ms=rest, comm_ms=comm, hidden_ms=hidden,
         contention_ms=contention, contention_source=source, buckets=buckets,
         nosync_micro_ms=micro if k > 1 else None, nodes=run.nodes, ring=run.ring,
-        options=run.options, probe=run.probe, probe_algorithm=run.probe_algorithm,
+        options=run.options, probe=run.probe, probe_algorithm=run.probe_algorithm, param_sparse=run.param_sparse,
         link_busy_ms=(busy[0], statistics.median(busy), busy[-1]),
     )
 

@@ -114,13 +114,8 @@ def _layout(profile: RunProfile, setting: Setting) -> tuple[list[float | SparseB
     limits = bucket_limits(bucket_cap_mb=setting.bucket_cap_mb)
     if limits == run_limits:
         return sizes, ready
-    # A sparse parameter keeps its own bucket whatever the cap: only the dense ones are repacked
-    # (the parameter whose gradient as a dense tensor is the sparse bucket's dense size).
-    params, dtypes = list(profile.param_bytes), list(profile.param_dtypes)
-    for size in sizes:
-        if isinstance(size, SparseBucket) and size.dense_bytes in params:
-            where = len(params) - 1 - params[::-1].index(size.dense_bytes)  # the latest: ready first
-            del params[where], dtypes[where]
+    # A sparse parameter keeps its own bucket whatever the cap: only the dense ones are repacked.
+    params, dtypes = dense_parameters(profile, [s for s in sizes if isinstance(s, SparseBucket)])
     dense = [(r, n) for r, n in zip(ready, sizes) if not isinstance(n, SparseBucket)]
     kept = [(r, n) for r, n in zip(ready, sizes) if isinstance(n, SparseBucket)]
     new_sizes = rebuilt_bucket_bytes(params, limits, dtypes=tuple(dtypes)) if params else []
@@ -128,6 +123,22 @@ def _layout(profile: RunProfile, setting: Setting) -> tuple[list[float | SparseB
     new_ready = curve.ready_times(new_sizes) if curve is not None else [0.0] * len(new_sizes)
     merged = sorted([*zip(new_ready, (float(n) for n in new_sizes)), *kept], key=lambda pair: pair[0])
     return [n for _, n in merged], [r for r, _ in merged]
+
+
+def dense_parameters(profile: RunProfile, sparse: list[SparseBucket]) -> tuple[list[int], list[str]]:
+    """The bytes and dtypes of the parameters DDP packs into buckets by the cap (registration
+    order): every parameter the run recorded as dense (``param_sparse``, timeline version 4). An
+    older timeline did not record it: each ``sparse`` bucket's parameter is then taken to be the
+    latest whose size is its dense size (two parameters of that size can be confused)."""
+    params, dtypes = list(profile.param_bytes), list(profile.param_dtypes)
+    if profile.param_sparse is not None:
+        kept = [i for i, is_sparse in enumerate(profile.param_sparse) if not is_sparse]
+        return [params[i] for i in kept], [dtypes[i] for i in kept]
+    for size in sparse:
+        if size.dense_bytes in params:
+            where = len(params) - 1 - params[::-1].index(size.dense_bytes)  # the latest: ready first
+            del params[where], dtypes[where]
+    return params, dtypes
 
 
 def _hidden_bytes(sizes, starts, ends, backward_ms: float) -> float:

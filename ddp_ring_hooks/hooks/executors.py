@@ -56,7 +56,7 @@ from ..runtime.group_context import GroupContext
 from ..runtime.lanes import bucket_lane
 from ..runtime.names import NATIVE
 from ..runtime.native import run_native
-from ..runtime.sparse import run_sparse
+from ..runtime.sparse import DENSIFY, SPARSIFY, run_sparse, sparsify
 from ..runtime.wire import DENSE, DENSIFIED, FOREIGN, SPARSE, bucket_bytes
 from ..schedules import Schedule
 from ..telemetry.watcher import BucketWatch
@@ -256,7 +256,11 @@ class SparseExecutor(Executor):
 class Densified(Executor):
     """A sparse bucket with ``sparse="dense"``: made dense (on the hook thread: a dense copy of
     the whole table), reduced by ``dense`` (the chosen schedule's executor, or native) as any
-    dense bucket, then sparse again (the rows whose average is not zero) for DDP to copy back."""
+    dense bucket, then sparse again (the rows whose average is not zero, ``runtime/sparse.py``'s
+    :func:`~ddp_ring_hooks.runtime.sparse.sparsify`) for DDP to copy back. The bucket is timed
+    from the first to the last: its phases ``densify``, the schedule's, then ``sparsify``, and
+    it finishes once the table is sparse again (the two passes over the table can cost more
+    than the schedule)."""
 
     dense: Executor
     kind = DENSIFIED
@@ -269,10 +273,33 @@ class Densified(Executor):
         return self.dense.label(schedule)
 
     def launch(self, launch: Launch, run: Run) -> torch.futures.Future:
-        sparse = launch.buffer  # counted at hand-over (runtime/wire.py); to_dense adds duplicate rows up
-        table = sparse.to_dense()
-        future = self.dense.launch(dataclasses.replace(launch, buffer=table.view(-1)), run)
-        return future.then(lambda done: done.value().view(table.shape).to_sparse(sparse.sparse_dim()))
+        watch, sparse = launch.watch, launch.buffer  # counted at hand-over (runtime/wire.py)
+        watch.on_phase(DENSIFY)
+        table = sparse.to_dense()  # duplicate rows added up
+        future = self.dense.launch(dataclasses.replace(launch, buffer=table.view(-1), watch=_FinishedLater(watch)), run)
+
+        def sparse_again(done: torch.futures.Future) -> torch.Tensor:
+            averaged = done.value().view(table.shape)
+            watch.on_phase(SPARSIFY)
+            result = sparsify(averaged, sparse.sparse_dim())
+            watch.on_finish()
+            return result
+
+        return future.then(sparse_again)
+
+
+class _FinishedLater:
+    """A bucket's watch lent to the executor inside :class:`Densified`: every call passes
+    through but ``on_finish``, which :class:`Densified` makes once the table is sparse again."""
+
+    def __init__(self, watch: BucketWatch) -> None:
+        self._watch = watch
+
+    def on_finish(self) -> None:
+        pass
+
+    def __getattr__(self, name: str):
+        return getattr(self._watch, name)
 
 
 NATIVE_EXECUTOR = NativeExecutor()

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..runtime import names
 from ..runtime.collectives import check_device_backend
-from ..runtime.sparse import check_sparse_backend
+from ..runtime.sparse import check_sparse_backend, makes_sparse_gradients
 from ..runtime.wire import wire_dtype_for
 from ..schedules import checked_schedule
 
@@ -137,7 +137,7 @@ def sparse_modules(module: nn.Module) -> dict[str, nn.Module]:
     return {
         name or type(module).__name__: child
         for name, child in module.named_modules()
-        if isinstance(child, (nn.Embedding, nn.EmbeddingBag)) and child.sparse
+        if makes_sparse_gradients(child)
     }
 
 

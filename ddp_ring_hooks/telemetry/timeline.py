@@ -25,7 +25,7 @@ step with another bucket size, accumulation or algorithm, the advisor
 - **optimizer time**: PyTorch's global optimizer step pre/post hooks (the part after the last
   bucket: Lightning runs the micro-batch inside ``optimizer.step(closure)``);
 - **the run**: world size, algorithm, lanes, DDP's bucket cap and first-bucket cap, every
-  parameter's gradient bytes in registration order, cores and threads.
+  parameter's gradient bytes in registration order (and which are sparse), cores and threads.
 
 A watcher of the observation (:mod:`.observation`): the bucket times are the observation's
 own marks (hand-over, first phase, end, the worker's CPU time), numbered with the hook state's
@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_leaves
 
+from ..runtime.sparse import sparse_parameters
 from .bucket_marks import BucketClocks
 from .options import group_log_dir
 from .timeline_records import TimelineBucket, TimelineRecord, TimelineRun, TimelineStep, record_from_json
@@ -337,6 +338,7 @@ def describe_run(
     cap = int(getattr(config, "bucket_bytes_cap", ddp_model.bucket_bytes_cap))
     first = int(getattr(config, "first_bucket_bytes_cap", dist._DEFAULT_FIRST_BUCKET_BYTES))
     params = [p for p in ddp_model.module.parameters() if p.requires_grad]
+    sparse = sparse_parameters(ddp_model.module)
     group = group or ddp_model.process_group
     return TimelineRun(
         world_size=dist.get_world_size(group),
@@ -347,6 +349,7 @@ def describe_run(
         first_bucket_bytes=first,
         param_bytes=tuple(p.numel() * p.element_size() for p in params),
         param_dtypes=tuple(str(p.dtype).removeprefix("torch.") for p in params),
+        param_sparse=tuple(id(p) in sparse for p in params),
         device=params[0].device.type if params else "cpu",
         cpu_count=os.cpu_count() or 1,
         torch_threads=torch.get_num_threads(),

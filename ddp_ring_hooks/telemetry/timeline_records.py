@@ -27,8 +27,9 @@ from ..cost_model import ProbeSample
 #: run's algorithm options and the network probe (both optional: a version-1 file reads as one
 #: without them). Version 3 added each bucket's ``kind``, ``nnz``, ``sparse_bytes`` and
 #: ``dense_bytes`` (a sparse bucket's, for the advisor's gather-or-densify verdict; an older
-#: file's buckets read as dense).
-TIMELINE_VERSION = 3
+#: file's buckets read as dense). Version 4 added the run's ``param_sparse``: which parameters
+#: DDP gives a sparse bucket of their own (an older file's are found by their dense size).
+TIMELINE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,9 @@ class TimelineRun:
 
     ``rank`` is the writer's rank in the hook's group (its rank 0 writes); ``concurrent_buckets``
     the communication lanes; ``bucket_cap_bytes`` and ``first_bucket_bytes`` DDP's bucket caps;
-    ``param_bytes`` / ``param_dtypes`` every parameter's gradient, in registration order;
+    ``param_bytes`` / ``param_dtypes`` every parameter's gradient, in registration order, and
+    ``param_sparse`` whether DDP expects it sparse (``nn.Embedding(sparse=True)``: a bucket of
+    its own, which another bucket cap does not repack; ``None``: not recorded, before version 4);
     ``cpu_count``, ``torch_threads`` and ``local_world_size`` how crowded the host was;
     ``nodes`` the node of each rank of the group (as its ranks said: ``GROUP_RANK``; ``None``
     when unknown) and ``ring`` the order the run's ring visited the ranks (``None``: not a ring),
@@ -65,6 +68,7 @@ class TimelineRun:
     options: tuple[tuple[str, object], ...] | None = None
     probe: tuple[ProbeSample, ...] | None = None
     probe_algorithm: str | None = None
+    param_sparse: tuple[bool, ...] | None = None
 
     def to_json(self) -> str:
         return _dumps("run", dataclasses.asdict(self))
@@ -79,7 +83,7 @@ class TimelineRun:
                 f"version {TIMELINE_VERSION}: upgrade ddp_ring_hooks to read it"
             )
         data["param_bytes"], data["param_dtypes"] = tuple(data["param_bytes"]), tuple(data["param_dtypes"])
-        for name in ("nodes", "ring"):
+        for name in ("nodes", "ring", "param_sparse"):
             if data.get(name) is not None:
                 data[name] = tuple(data[name])
         if data.get("options") is not None:

@@ -28,7 +28,7 @@ import pytest
 from ddp_ring_hooks.cli.__main__ import main as cli_main
 from ddp_ring_hooks.launch import spawn_ranks
 from ddp_ring_hooks.links import (
-    BETWEEN, INSIDE, LinkMatrix, LinkSample, exchange_rounds, format_table, judge_links, judge_samples,
+    BETWEEN, INSIDE, MIN_TRAINING_SAMPLES, LinkMatrix, LinkSample, exchange_rounds, format_table, judge_links, judge_samples,
     load_link_matrix, partner_in, write_link_matrix,
 )
 from tests.conftest import imports_torch
@@ -207,6 +207,29 @@ def test_a_link_is_slow_only_when_most_of_its_recent_samples_are():
     recovered = samples([True] * 12 + [False] * 4)
     assert named(judge_samples(recovered, world_size=4, window=4)) == ([], [], [])
     assert named(judge_samples(recovered, world_size=4, window=None)) == ([], [], [((0, 1),)])
+
+
+@pytest.mark.fast
+def test_during_training_a_link_is_named_only_once_it_has_enough_samples():
+    # One cold first step (seen on the lab: 1→2 at 33 MB/s against 50-57 at step 1 of 200) named
+    # a link on equal links; a link is named once MIN_TRAINING_SAMPLES steps agree.
+    def steps(count: int, slow: tuple[int, int] | None = (1, 2)) -> list[LinkSample]:
+        return [LinkSample(s, d, int((12 if (s, d) == slow else 48) * MB), 1.0)
+                for _ in range(count) for s in range(4) for d in range(4) if s != d]
+
+    assert MIN_TRAINING_SAMPLES == 3
+    for count in range(1, MIN_TRAINING_SAMPLES):
+        verdict = judge_samples(steps(count), world_size=4, min_samples=MIN_TRAINING_SAMPLES)
+        assert named(verdict) == ([], [], []) and verdict.samples == count
+        assert named(judge_samples(steps(count), world_size=4)) == ([], [], [((1, 2),)])  # a matrix's rule: named
+    assert named(judge_samples(steps(MIN_TRAINING_SAMPLES), world_size=4, min_samples=MIN_TRAINING_SAMPLES)) == (
+        [], [], [((1, 2),)])
+    # A slow network (every link of rank 2) waits for its samples too.
+    network = [LinkSample(s, d, int((12 if 2 in (s, d) else 48) * MB), 1.0) for s in range(4) for d in range(4) if s != d]
+    assert named(judge_samples(network, world_size=4, min_samples=MIN_TRAINING_SAMPLES)) == ([], [], [])
+    assert named(judge_samples(network * 3, world_size=4, min_samples=MIN_TRAINING_SAMPLES))[0] == [(2, "all")]
+    with pytest.raises(ValueError, match="min_samples=0"):
+        judge_samples(steps(1), world_size=4, min_samples=0)
 
 
 @pytest.mark.fast

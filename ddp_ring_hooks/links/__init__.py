@@ -15,12 +15,12 @@ from .matrix import FORMAT, VERSION, LinkMatrix, format_table, load_link_matrix,
 from .pairing import exchange_rounds, partner_in
 from .ring_order import best_ring
 from .rule import (
-    ALL, BETWEEN, CONSISTENT_SHARE, INSIDE, THRESHOLD, WINDOW, Link, LinkSample, LinkVerdict, SlowLinks, SlowNode, SlowRank,
+    ALL, BETWEEN, CONSISTENT_SHARE, INSIDE, MIN_TRAINING_SAMPLES, THRESHOLD, WINDOW, Link, LinkSample, LinkVerdict, SlowLinks, SlowNode, SlowRank,
     judge_links, judge_samples, recent_bandwidths,
 )
 
 __all__ = [
-    "ALL", "BETWEEN", "CONSISTENT_SHARE", "FORMAT", "INSIDE", "THRESHOLD", "VERSION", "WINDOW", "Link", "LinkMatrix",
+    "ALL", "BETWEEN", "CONSISTENT_SHARE", "FORMAT", "INSIDE", "MIN_TRAINING_SAMPLES", "THRESHOLD", "VERSION", "WINDOW", "Link", "LinkMatrix",
     "LinkSample", "LinkVerdict", "SlowLinks", "SlowNode", "SlowRank", "best_ring", "exchange_rounds", "format_table", "judge_links",
     "judge_samples", "load_link_matrix", "partner_in", "recent_bandwidths", "write_link_matrix",
 ]

@@ -15,8 +15,10 @@ The rule (``threshold`` 0.6, ``window`` 16 by default):
 
 1. **Consistently below.** A link's bandwidth is the median of its last ``window`` samples
    (bytes / seconds); a link is *below* a reference when at least 3/4 of those samples are
-   below ``threshold`` x the reference. One bad sample (a busy core, a page fault) makes
-   nothing slow, nor does one good sample clear a slow link. (A matrix is one sample a link.)
+   below ``threshold`` x the reference, and it has ``min_samples`` of them. One bad sample (a
+   busy core, a page fault, a first step's cold connection) makes nothing slow, nor does one
+   good sample clear a slow link. (A matrix is one sample a link, judged as it is:
+   ``min_samples`` 1; during training a link needs :data:`MIN_TRAINING_SAMPLES`.)
 2. **Tiers.** With the ranks' nodes known, links inside a node (GPUs of one box, NVLink or
    PCIe; on the lab, the node's unshaped bridge) and links between nodes (the network) are
    judged only against links of their own tier: between-node links being slower is the design
@@ -58,6 +60,9 @@ THRESHOLD = 0.6
 WINDOW = 16
 #: ... and is below a reference when at least this share of them are.
 CONSISTENT_SHARE = 0.75
+#: During training, a link is named only once it has this many samples: with one, a single
+#: cold first step (a connection's slow start, DDP's provisional buckets) would name it.
+MIN_TRAINING_SAMPLES = 3
 
 ALL, INSIDE, BETWEEN = "all", "inside nodes", "between nodes"
 
@@ -211,10 +216,12 @@ def recent_bandwidths(samples: Iterable[LinkSample], *, window: int | None = WIN
 
 def judge_samples(
     samples: Iterable[LinkSample], *, world_size: int, nodes: Sequence[int] | None = None,
-    threshold: float = THRESHOLD, window: int | None = WINDOW,
+    threshold: float = THRESHOLD, window: int | None = WINDOW, min_samples: int = 1,
 ) -> LinkVerdict:
-    """The rule of the module docstring on each link's last ``window`` samples (``None``: all)."""
-    return _judge(recent_bandwidths(samples, window=window), world_size=world_size, nodes=nodes, threshold=threshold)
+    """The rule of the module docstring on each link's last ``window`` samples (``None``: all);
+    a link with fewer than ``min_samples`` of them is measured but never below (step 1)."""
+    return _judge(recent_bandwidths(samples, window=window), world_size=world_size, nodes=nodes, threshold=threshold,
+                  min_samples=min_samples)
 
 
 def judge_links(
@@ -229,10 +236,13 @@ def judge_links(
 
 def _judge(
     recent: Mapping[Link, tuple[float, ...]], *, world_size: int, nodes: Sequence[int] | None, threshold: float,
+    min_samples: int = 1,
 ) -> LinkVerdict:
     _check(recent, world_size, nodes, threshold)
+    if min_samples < 1:
+        raise ValueError(f"min_samples={min_samples}: a link is judged on 1 sample or more")
     nodes = tuple(nodes) if nodes is not None else None
-    measured = _Measured(recent, threshold)
+    measured = _Measured(recent, threshold, min_samples)
     bandwidths = measured.bandwidths
     tier_of = _tiers(bandwidths, nodes)
     by_tier: dict[str, list[Link]] = {tier: [] for tier in (ALL, INSIDE, BETWEEN) if tier in tier_of.values()}
@@ -272,8 +282,8 @@ def _judge(
 class _Measured:
     """Each link's recent bandwidths and their median; "below a reference" (step 1)."""
 
-    def __init__(self, recent: Mapping[Link, tuple[float, ...]], threshold: float) -> None:
-        self.recent, self.threshold = recent, threshold
+    def __init__(self, recent: Mapping[Link, tuple[float, ...]], threshold: float, min_samples: int = 1) -> None:
+        self.recent, self.threshold, self.min_samples = recent, threshold, min_samples
         self.bandwidths = {link: statistics.median(values) for link, values in recent.items()}
 
     def median(self, links: Iterable[Link]) -> float | None:
@@ -283,7 +293,8 @@ class _Measured:
 
     def below(self, link: Link, reference: float) -> bool:
         values = self.recent[link]
-        return sum(value < self.threshold * reference for value in values) >= CONSISTENT_SHARE * len(values)
+        return (len(values) >= self.min_samples
+                and sum(value < self.threshold * reference for value in values) >= CONSISTENT_SHARE * len(values))
 
     def all_below(self, links: Sequence[Link], reference: float | None) -> bool:
         return reference is not None and all(self.below(link, reference) for link in links)

@@ -18,7 +18,8 @@ peer, the bytes and when its end was ready; what one end cannot know is when the
       4. every rank's incoming links to every rank, with each rank's node: a row in the step's
          one gather (:mod:`.exchange`), beside the arrivals'; no gather of its own
       5. the naming rule (:func:`ddp_ring_hooks.links.judge_samples`: each link's median over
-         its last :data:`~ddp_ring_hooks.links.WINDOW` steps against the others, by tier)
+         its last :data:`~ddp_ring_hooks.links.WINDOW` steps against the others, by tier; a link
+         is named once it has :data:`~ddp_ring_hooks.links.MIN_TRAINING_SAMPLES` steps)
          -> a :class:`~.records.LinkTimes` record (``comm/links/*``, the trace's link tracks;
          on a trace step only, its tracks alone) and the summary's line
 
@@ -44,7 +45,7 @@ from collections import defaultdict, deque
 
 import torch.distributed as dist
 
-from ..links import WINDOW, LinkSample, judge_samples
+from ..links import MIN_TRAINING_SAMPLES, WINDOW, LinkSample, judge_samples
 from ..runtime import ExecutionObserver
 from ..runtime.group_context import context_of
 from ..runtime.link_probe import node_row, nodes_of
@@ -139,7 +140,8 @@ class LinkTiming(Watcher):
         for (src, dst), (nbytes, busy) in links.items():  # 5.
             if nbytes >= MIN_JUDGED_BYTES and busy > 0:
                 self._recent.setdefault((src, dst), deque(maxlen=WINDOW)).append(LinkSample(src, dst, nbytes, busy * 1e-3))
-        verdict = judge_samples(itertools.chain(*self._recent.values()), world_size=peers.world_size, nodes=nodes)
+        verdict = judge_samples(itertools.chain(*self._recent.values()), world_size=peers.world_size, nodes=nodes,
+                                min_samples=MIN_TRAINING_SAMPLES)
         if self._native_only and not self._recent:
             summary = NATIVE_LINE if not self._probed else NOT_YET_LINE
         else:

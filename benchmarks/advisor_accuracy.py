@@ -78,7 +78,7 @@ sys.path.insert(0, str(ROOT / "train_examples"))
 
 import ddp_ring_hooks  # noqa: E402
 from ddp_ring_hooks.advisor import Setting, from_bench, step_model  # noqa: E402
-from ddp_ring_hooks.advisor.advice import MIN_GAIN  # noqa: E402
+from ddp_ring_hooks.advisor.advice import MIN_GAIN, recommend  # noqa: E402
 from ddp_ring_hooks.lab import EmulatedCluster, LabError, parse_rate  # noqa: E402
 from ddp_ring_hooks.launch import run_on_ranks  # noqa: E402
 from ddp_ring_hooks.machine import MachineLoad, describe_load  # noqa: E402
@@ -475,6 +475,7 @@ def report(model_name: str, data: dict, args) -> list[float]:
     targets = LAB_TARGETS if args.lab else LOOPBACK_TARGETS
     print(f"{model_name}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
           f"(targets {targets[0]:.0%}, {targets[1]:.0%})")
+    print(recommendation_check(model, pairs))
     print_phases(model, data, rows)
     if not args.lab:
         check_world_sizes(model)
@@ -516,6 +517,52 @@ def print_phases(model, data: dict, rows: dict) -> None:
         print(f"  p={key[1]}: the rest of the step {m['step_ms'] - m['exposed_ms']:.1f} ms against the base's "
               f"{base['step_ms'] - base['exposed_ms']:.1f} ms; measured {measured_ms:.1f} - {grown:.1f} ms, "
               f"error {predicted_ms / (measured_ms - grown) - 1:+.1%} (raw {predicted_ms / measured_ms - 1:+.1%})")
+
+
+#: Issue 31: the recommendation is judged where the measured best gains more than this over the
+#: run, and is right when it is the measured best or within RECOMMENDATION_SLACK of its gain.
+RECOMMENDATION_MATTERS, RECOMMENDATION_SLACK = 0.05, 0.03
+
+
+def recommendation_check(model, pairs: dict) -> str:
+    """The advisor's recommendation among the measured settings, against the measured best.
+
+    Both are picked by the advisor's own rule (:func:`ddp_ring_hooks.advisor.advice.recommend`:
+    accumulation at its knee, a change that leaves the optimization alone preferred at half
+    the gain, world size never): once on the predicted speedups, once on the measured ones
+    (samples per second against the base: ``k / ratio`` for ``k`` accumulation steps). Judged
+    only where the measured pick gains more than :data:`RECOMMENDATION_MATTERS`; right when the
+    predicted pick is it, or measured within :data:`RECOMMENDATION_SLACK` of its gain."""
+    p = model.profile
+    base_ms = model.predict(setting_of("base", None, p)).step_ms  # both sides against the base, as the errors are
+    predicted_rows, measured_rows = [], []
+    for (knob, value), measured in pairs.items():
+        if knob in ("base", "world_size"):
+            continue
+        setting = setting_of(knob, value, p)
+        prediction = model.predict(setting)
+        row = {"knob": knob, "value": value, "this_run": False, "uncertain": False, "step_ms": prediction.step_ms,
+               "comm_ms": prediction.comm_ms, "exposed_ms": prediction.exposed_ms}
+        samples = value if knob == "accumulate" else 1
+        measured_speedup = samples / statistics.median(s / b for s, b in measured)
+        predicted_rows.append({**row, "speedup": samples / (prediction.step_ms / base_ms)})
+        measured_rows.append({**row, "speedup": measured_speedup})
+    if not predicted_rows:
+        return "recommendation: no setting measured that it could recommend"
+    picked, best = recommend(model, predicted_rows), recommend(model, measured_rows)
+    speedup_of = {(r["knob"], r["value"]): r["speedup"] for r in measured_rows}
+
+    def named(pick: dict) -> str:
+        return "no change" if pick["knob"] is None else f"{pick['knob']}={pick['value']}"
+
+    got = speedup_of.get((picked["knob"], picked["value"]), 1.0)
+    wanted = speedup_of.get((best["knob"], best["value"]), 1.0)
+    line = (f"recommendation among the measured settings: predicted {named(picked)} (measured {got:.2f}x), "
+            f"measured best {named(best)} ({wanted:.2f}x)")
+    if wanted - 1 <= RECOMMENDATION_MATTERS:
+        return f"{line}: no measured gain over {RECOMMENDATION_MATTERS:.0%}, not judged"
+    right = got >= wanted * (1 - RECOMMENDATION_SLACK)
+    return f"{line}: {'right' if right else 'WRONG'} (target: the measured best or within {RECOMMENDATION_SLACK:.0%} of it)"
 
 
 def wire_verdicts(knob: str, predicted_ratio: float, measured_ratio: float) -> str:

@@ -96,6 +96,92 @@ def pytest_runtest_call(item):
 # with others (a lab removed with `ip`), whatever its own mark.
 
 
+# -- two workers (``-n 2``): what may run beside what ---------------------------------------------
+#
+# Much of the suite waits: on shaped links, on a stall's timeout, on a rank that is late on
+# purpose. With pytest-xdist (``python -m pytest -q -n 2``, the README's command) a second worker
+# runs the rest beside those waits. Every test gets an ``xdist_group`` (``--dist loadgroup``, in
+# pyproject.toml): a group runs whole on one worker, in order.
+#
+# - CLOCK: the modules whose checks read a clock or a shaped link (a rate, a detection's delay, a
+#   fail-fast bound; every lab). One worker runs them one after another, first, so two of them
+#   never share the cores or two labs the machine; the other worker runs everything else.
+# - A module that uses a costly session fixture (SHARED_SESSION_FIXTURES) joins that fixture's
+#   group: a session fixture is made once per worker.
+# - Every other module is a group of its own (its module fixtures made once).
+
+CLOCK = "clock"
+#: The modules that read a clock without a lab (those with a lab are found by their fixture).
+CLOCK_MODULES = frozenset({"test_faults", "test_group_context", "test_stall", "test_stall_busy", "test_stall_frozen",
+                           "test_stragglers"})
+#: Session fixtures made by starting ranks: the modules that use one run on one worker.
+SHARED_SESSION_FIXTURES = ("main_job_run",)
+
+
+def suite_group(module: str, fixtures: set[str]) -> str:
+    """The xdist group of a module whose tests use ``fixtures`` (their union)."""
+    if module in CLOCK_MODULES or "lab_machine" in fixtures:
+        return CLOCK
+    return next((name for name in SHARED_SESSION_FIXTURES if name in fixtures), module)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its module's :func:`suite_group`, and put the CLOCK group first (the
+    worker that takes it is busy longest; ``--no-loadscope-reorder`` keeps this order)."""
+    fixtures_of: dict[str, set[str]] = {}
+    for item in items:
+        fixtures_of.setdefault(item.module.__name__, set()).update(item.fixturenames)
+    groups = {module: suite_group(module.rsplit(".", 1)[-1], fixtures) for module, fixtures in fixtures_of.items()}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item.module.__name__]))
+    items.sort(key=lambda item: groups[item.module.__name__] != CLOCK)  # stable: each module's order kept
+
+
+class _CoresLock:
+    """The machine's cores between the workers: a test marked ``solo`` (a rate read against the
+    cores' speed, e.g. the advisor's probe on the lab, whose 16 KiB blocks slowed 10x beside a
+    Lightning launch) holds them alone; any other test shares them. A readers-writer lock on
+    two files of the run (``flock``): a turnstile that a solo test holds while it waits, so the
+    other worker's next test waits behind it instead of starving it."""
+
+    def __init__(self, directory: Path) -> None:
+        self.turnstile = open(directory / "ddp_ring_hooks-cores.turnstile", "a")  # noqa: SIM115 (held all session)
+        self.cores = open(directory / "ddp_ring_hooks-cores.lock", "a")  # noqa: SIM115
+
+    @contextlib.contextmanager
+    def held(self, solo: bool):
+        import fcntl
+
+        fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.cores, fcntl.LOCK_EX if solo else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.cores, fcntl.LOCK_UN)
+
+
+@functools.cache
+def _cores_lock(directory: Path) -> _CoresLock:
+    return _CoresLock(directory)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: the wait is not in the test's timeout
+def pytest_runtest_protocol(item, nextitem):
+    """Under xdist, every test holds the cores' lock (``solo``: alone) from its setup (a module's
+    shared fixtures are made there) to its teardown; alone in a session, nothing to share."""
+    if not hasattr(item.config, "workerinput"):
+        yield
+        return
+    # The workers' temporary directories (.../pytest-N/popen-gwK) share their parent: this run's.
+    run = item.config._tmp_path_factory.getbasetemp().parent
+    with _cores_lock(run).held(solo=item.get_closest_marker("solo") is not None):
+        yield
+
+
 @pytest.fixture(scope="session")
 def lab_machine():
     """Skip unless this machine can make emulated labs (root and iproute2, ``ddp_ring_hooks.lab``);

@@ -287,6 +287,7 @@ def test_two_tier_hierarchical_is_correct_and_bit_identical_on_two_nodes_of_thre
         assert_all_reduce_correct(lab, "hierarchical")
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(240)
 def test_bf16_on_the_wire_halves_the_rings_time(lab_machine, tmp_path):
     """The ring on bf16 against the ring on fp32, side by side in the same rounds (8 MiB, 400
@@ -380,6 +381,7 @@ def test_a_host_that_cannot_be_reached_fails_with_an_error_naming_it(lab_machine
         assert caught.value.hosts == [2, 3]
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(240)
 def test_the_advisors_probe_finds_the_shaped_rate(lab_machine, tmp_path):
     """The probe run at register, on 2 hosts of 400 Mbit/s: its fitted beta is 1 / B within 10%

@@ -82,6 +82,7 @@ def measured(lab_machine, tmp_path_factory):
     return done.stdout, json.loads(path.read_text())
 
 
+@pytest.mark.solo  # its setup measures the table (the module's fixture): the cores to itself
 @pytest.mark.timeout(150)
 def test_the_table_shows_naive_growing_with_p_and_the_ring_not(measured):
     out, table = measured

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -151,8 +152,6 @@ class _CoresLock:
 
     @contextlib.contextmanager
     def held(self, solo: bool):
-        import fcntl
-
         fcntl.flock(self.turnstile, fcntl.LOCK_EX)
         try:
             fcntl.flock(self.cores, fcntl.LOCK_EX if solo else fcntl.LOCK_SH)

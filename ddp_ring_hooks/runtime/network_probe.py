@@ -18,9 +18,7 @@ when :func:`~ddp_ring_hooks.register` attaches the hook (collective, the same on
    numbers: nothing to broadcast.
 3. Sizes: a small one (the per-message cost) and 2 MiB, large enough on a shaped link that the
    shaper's burst (5 ms of the rate on the lab) is a few percent of a block; the other wire at
-   2 MiB only. Blocks of one call each (after one warm-up call per size): three at 2 MiB, nine
-   at the small size (:data:`LATENCY_REPEATS`: its median is α's, and it is cheap): 18
-   all-reduces.
+   2 MiB only. Three blocks of one call each (after one warm-up call per size): 12 all-reduces.
 
 What it costs is measured in ``docs/advisor.md`` (p = 2 and 4, loopback and the lab): the
 2 MiB blocks decide it. ``network_probe=False`` (a ``register`` / ``HookState`` option) turns it
@@ -50,15 +48,6 @@ PROBE_SIZES = (16 * 1024, 2 * 1024 * 1024)
 WIRE_SIZES = (2 * 1024 * 1024,)
 #: Blocks per size (their fastest and slowest are the error bar) and calls per block.
 PROBE_REPEATS, PROBE_CALLS = 3, 1
-#: ... but the small size, which costs next to nothing, gets more: its median is what fixes α,
-#: and three blocks of it on a loaded machine put α anywhere in 266-1791 µs (three loopback runs
-#: of ``advisor_accuracy.py``; ``double_binary_tree``'s 64 messages priced +51% at the top).
-LATENCY_REPEATS = 9
-
-
-def repeats_for(nbytes: int) -> int:
-    """How many blocks the probe times at ``nbytes``."""
-    return LATENCY_REPEATS if nbytes == PROBE_SIZES[0] else PROBE_REPEATS
 #: The wire dtype timed beside an fp32 run's (and fp32 beside a narrower run's).
 OTHER_WIRE = "bf16"
 
@@ -86,7 +75,6 @@ def probe_network(
     for wire, sizes in ((wire_of(options), PROBE_SIZES), (other, WIRE_SIZES)):
         wired = with_wire(options, wire)
         for nbytes in sizes:
-            seconds = time_all_reduce_blocks(algorithm, wired, nbytes, group, device, repeats_for(nbytes),
-                                             calls=PROBE_CALLS)
+            seconds = time_all_reduce_blocks(algorithm, wired, nbytes, group, device, PROBE_REPEATS, calls=PROBE_CALLS)
             samples.append(ProbeSample(nbytes, wire, tuple(seconds)))
     return tuple(samples)

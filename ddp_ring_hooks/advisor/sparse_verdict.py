@@ -29,7 +29,9 @@ least load on it, and a slowdown common to both ways cancels in their ratio. Mea
 densify/gather 12-45 against 13-21 measured on a 100000 x 64 table, 0.67-0.71 against 0.53-0.62
 on a 1000 x 64 one; on the lab (400 Mbit/s) 165-188 against 184-203, 0.94-0.98 against 0.68-0.85.
 When even the fastest blocks leave ``α`` or ``β`` at 0 (all three small blocks disturbed: 2 of
-12 verdicts on loopback), the run's own fit prices both ways, and the line says so.
+12 verdicts on loopback), the probe's median blocks price both ways if they give both, else the
+run's own fit (the other way extrapolated from one size: 1 of 4 verdicts of a fresh-clone CI run
+read a table densifying wins by 1.3-4x as a close call the other way); the line says which.
 
 Only the bucket's own all-reduce is compared (both ways reduce it on the hook's lanes, the rest
 of the step is the same); the densified way includes making the dense table and the sparse
@@ -46,6 +48,9 @@ from .step_model import StepModel, priced, run_setting, setting_options
 #: to measure both.
 CLOSE = 0.10
 
+#: How the line names the network it prefers.
+FASTEST = "the probe's fastest blocks"
+
 #: What each way is called in the advice.
 WAYS = {GATHER: "gather", DENSIFY: "densify"}
 DONE = {GATHER: "gathered", DENSIFY: "densified"}
@@ -54,16 +59,19 @@ DONE = {GATHER: "gathered", DENSIFY: "densified"}
 def verdict_network(model: StepModel) -> tuple[Network, str]:
     """The network both ways are priced on, and how the line names it (the module docstring):
     the probe's fastest blocks unless they leave the per-message or the per-byte cost at zero
-    (a probe whose small blocks were all disturbed: ``β = 0`` prices any table as free)."""
+    (a probe whose small blocks were all disturbed: ``β = 0`` prices any table as free), then
+    its median blocks, then this run's own buckets."""
     network = model.network
     if not network.here:
         return network, "the network given"
     if network.bounds is not None:
-        fastest = network.bounds[0]
-        links = fastest.calibration(model.profile.algorithm)
-        if links.alpha > 0 and links.beta > 0:
-            return fastest, "the probe's fastest blocks"
-        reason = "the probe's fastest blocks left its per-message or per-byte cost at 0 (a disturbed probe)"
+        candidates = ((network.bounds[0], FASTEST),
+                      (network, "the probe's median blocks (its fastest left a cost at 0: a disturbed probe)"))
+        for candidate, name in candidates:
+            links = candidate.calibration(model.profile.algorithm)
+            if links.alpha > 0 and links.beta > 0:
+                return candidate, name
+        reason = "the probe's blocks left its per-message or per-byte cost at 0 (a disturbed probe)"
     else:
         reason = "no network probe (log_dir= or network_probe=True records one)"
     return model.run_network, (f"this run's buckets ({reason}: the other way is extrapolated from them, "

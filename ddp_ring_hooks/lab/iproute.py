@@ -136,15 +136,20 @@ def build(plan: Plan) -> None:
         run("ip", "-n", uplink.near_namespace, "link", "set", uplink.near_device, "master", plan.bridge, "up")
 
 
+def burst_bytes(rate: int) -> int:
+    """The bytes a link shaped to ``rate`` bits per second lets through at veth speed after it
+    idled (its tbf bucket, above): what a transfer of that size and less reads faster than the rate."""
+    return max(_MIN_BURST_BYTES, round(rate / 8 * _BURST_SECONDS))
+
+
 def set_rate(link: Link, rate: int | None) -> None:
     """Shape both directions of ``link`` to ``rate`` bits per second (``None``: unshaped)."""
     for namespace, device in ((link.near_namespace, link.near_device), (link.far_namespace, link.far_device)):
         if rate is None:
             run("tc", "-n", namespace, "qdisc", "del", "dev", device, "root", check=False)  # none there is fine
         else:
-            burst = max(_MIN_BURST_BYTES, round(rate / 8 * _BURST_SECONDS))
             run("tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf",
-                "rate", f"{rate}bit", "burst", str(burst), "latency", _QUEUE_LATENCY)
+                "rate", f"{rate}bit", "burst", str(burst_bytes(rate)), "latency", _QUEUE_LATENCY)
 
 
 def set_carrier(link: Link, up: bool) -> None:

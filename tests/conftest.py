@@ -126,10 +126,12 @@ def suite_group(module: str, fixtures: set[str]) -> str:
     return next((name for name in SHARED_SESSION_FIXTURES if name in fixtures), module)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into the test ids
+@pytest.hookimpl(wrapper=True)  # before every plain hook, xdist's among them, which reads the groups into the ids
 def pytest_collection_modifyitems(config, items):
     """Mark every test with its module's :func:`suite_group`, and put the CLOCK group first (the
-    worker that takes it is busy longest; ``--no-loadscope-reorder`` keeps this order)."""
+    worker that takes it is busy longest; ``--no-loadscope-reorder`` keeps this order). A wrapper:
+    the groups must be on the tests before xdist's hook reads them into the test ids; if that
+    does not take, the run stops and says so (:func:`pytest_xdist_node_collection_finished`)."""
     fixtures_of: dict[str, set[str]] = {}
     for item in items:
         fixtures_of.setdefault(item.module.__name__, set()).update(item.fixturenames)
@@ -137,6 +139,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(pytest.mark.xdist_group(groups[item.module.__name__]))
     items.sort(key=lambda item: groups[item.module.__name__] != CLOCK)  # stable: each module's order kept
+    return (yield)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """Stop a run whose groups did not take: pytest-xdist 3.8 groups a test by renaming it
+    ``nodeid@group``, and pytest 9.2 derives the nodeid, so the rename is lost and every test is
+    scheduled alone, labs beside labs (a fresh machine's run: 756 s and two timing failures)."""
+    if node.config.getoption("dist") == "loadgroup" and ids and not any("@" in nodeid for nodeid in ids):
+        pytest.exit(f"pytest-xdist's --dist loadgroup did not group the tests under pytest {pytest.__version__}: "
+                    "install the [test] extra's pytest (pip install -e '.[test]': pytest<9.2), or run without -n",
+                    returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 class _CoresLock:

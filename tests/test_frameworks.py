@@ -96,6 +96,17 @@ def assert_hook_runs_match(runs: dict, *, suffix: str = "") -> None:
     assert ring["max_parameter_difference"] <= PARAMETER_ATOL
 
 
+def assert_diagnosis_left_on(runs: dict) -> None:
+    """The ``native`` run asked for ``diagnose=True`` at the framework's door (issue 32): every
+    warm-up step gathered, its straggler and probe lines in the summary on both ranks, and its
+    parameters still "none"'s bit for bit (assert_hook_runs_match): diagnosis touches no gradient."""
+    summary = runs["native"]["summary"]
+    steps = runs["native"]["hook_iteration"]
+    assert f"cadence: auto, {steps} of {steps} steps gathered" in summary, summary
+    assert "\nstragglers: " in summary and "\nlinks (probe): " in summary, summary
+    assert runs["ring"]["summary"] is not None and "cadence:" not in runs["ring"]["summary"]  # asked for nothing
+
+
 def assert_foreign_run(reports: list[dict]) -> None:
     """The ``foreign`` run (``hook=allreduce_hook`` through the framework's door): DDP sees our
     hook, ours ran the user's, and the parameters are those of the run without a hook, bit for bit."""
@@ -183,6 +194,11 @@ def test_trainer_takes_the_wire_options_and_ranks_agree(transformers_run):
 def test_trainer_runs_the_hook_and_native_matches_no_hook(transformers_run):
     for report in transformers_run[1]:
         assert_hook_runs_match(report["runs"])
+
+
+def test_trainer_takes_diagnose_at_its_callback(transformers_run):
+    for report in transformers_run[1]:
+        assert_diagnosis_left_on(report["runs"])
 
 
 def test_trainer_evaluates_and_saves_with_the_hook_paused(transformers_run):
@@ -331,6 +347,13 @@ def test_fabric_runs_log_comm_tags(fabric_run):
     # The recipe as printed: its log_dir holds the comm tags of its 6 steps (it once wrote none).
     assert "gradients averaged by ring" in (out / "output.txt").read_text()
     assert_comm_tags_on_steps(out / "runs" / "fabric", list(range(1, 7)))
+
+
+def test_fabric_strategy_takes_diagnose_and_logs_its_cadence(fabric_run):
+    out, reports = fabric_run
+    for report in reports:
+        assert_diagnosis_left_on(report["runs"])
+    assert scalars(out / "runs" / "fabric_native")["comm/diagnosis/gather_every"] == [1, 2, 3, 4]
 
 
 def test_fabric_runs_this_run_rows_reproduce_the_measured_step(fabric_run):

@@ -49,8 +49,11 @@ WIRE_RUN, WIRE_OPTIONS = "ring_bf16", {"wire_dtype": "bf16", "error_feedback": T
 #: The run with a user's own DDP hook through ours (``hook=``, issue 29): PyTorch's allreduce_hook,
 #: which divides first and all-reduces as DDP without a hook does, so its parameters are "none"'s.
 FOREIGN_RUN = "foreign"
+#: The one switch a user leaves on (issue 32), on the run whose parameters must stay "none"'s
+#: bit for bit: diagnosis watches the all-reduce and never touches a gradient.
+DIAGNOSE_OPTIONS = {"diagnose": True}
 #: Every run: (name, algorithm, options); the ring last (later checks continue its trainer).
-RUNS = (("none", "none", {}), ("native", "native", {}), (WIRE_RUN, "ring", WIRE_OPTIONS),
+RUNS = (("none", "none", {}), ("native", "native", DIAGNOSE_OPTIONS), (WIRE_RUN, "ring", WIRE_OPTIONS),
         (FOREIGN_RUN, None, {"hook": allreduce_hook}), ("ring", "ring", {}))
 #: The torch.compile backend of the compiled Accelerate runs (see docs/frameworks.md, "torch.compile").
 COMPILE_BACKEND = os.environ.get("FRAMEWORK_CHECKS_COMPILE_BACKEND", "aot_eager")
@@ -169,6 +172,7 @@ def transformers_checks(out: Path) -> dict:
             "hook_iteration": callback.hook_state.iteration if callback else None,
             "warnings": caught_messages(caught),
             **(wire_facts(callback.hook_state) if callback else {}),
+            "summary": callback.hook_state.summary() if callback else None,
             "digest": parameters_digest(parameters),
             "step_starts_ms": clock.starts_ms,
         }
@@ -371,6 +375,7 @@ def fabric_checks(out: Path) -> dict:
             "hook_iteration": state.iteration if state else None,
             "bucket_cap_bytes": find_ddp(model).bucket_bytes_cap,
             **(wire_facts(state) if state else {}),
+            "summary": state.summary() if state else None,
             "digest": parameters_digest(parameters),
             "step_starts_ms": starts_ms,
         }

@@ -105,6 +105,8 @@ def test_delayed_rank_is_named_with_its_cost(tmp_path, world_size, delayed_rank)
 DIAGNOSED_STEPS = 40
 
 
+@pytest.mark.solo  # link rates on loopback read against the cores: beside the other worker's tests one
+# suite run (-n 2) named the straggler's own network once (3 gathered steps agreeing); alone it passes
 def test_diagnose_names_the_straggler_within_the_warm_up_and_blames_no_link(tmp_path):
     from ddp_ring_hooks.telemetry.cadence import WARMUP
 
@@ -136,8 +138,8 @@ def test_diagnose_names_the_straggler_within_the_warm_up_and_blames_no_link(tmp_
     # 90% of the gathered steps (on loopback, a step where the 2 cores are busy elsewhere can
     # slow one rank's transfers; the lab tests of test_link_timing.py assert "never"). After the
     # first SKIP steps, as for the straggler: DDP's provisional buckets and the layout check's
-    # collectives there blamed a link in 2 of 3 runs under load, and with the cadence's 0.5%
-    # budget there are few gathered steps after the warm-up to outvote them.
+    # collectives there blamed a link in 2 of 3 runs under load, and with the cadence's budget
+    # (0.35% of a step) there are few gathered steps after the warm-up to outvote them.
     blamed = [rank for step, rank in scalars["comm/links/slow_nic_rank"].items() if step > SKIP]
     assert 2 not in blamed and blamed.count(-1) >= 0.9 * len(blamed), blamed
     assert "comm/ranks/straggler_rank" in scalars

@@ -328,14 +328,13 @@ def test_ranks_reducing_a_sparse_bucket_different_ways_are_stopped_by_the_layout
 def test_the_advisors_sparse_verdict_matches_both_ways_measured(sparse_runs):
     """Issue 33: each way's run, read by the advisor, predicts the way that measured faster (on
     rank 0's timeline, the one ``advise`` reads): the gather on the large table, densifying on
-    the small one (or, once at most, a close call priced off a disturbed probe); its predicted densify/gather, priced on the probe's fastest blocks, lands
-    within RATIO_WITHIN of the measured one (on the run's own fit the large table's was 10-50x
+    the small one (or, once at most, a close call priced off a disturbed probe); its predicted
+    densify/gather, priced on the probe's fastest blocks, lands within RATIO_WITHIN of the measured one (on the run's own fit the large table's was 10-50x
     off, both ways' runs); and its ``advise`` text and JSON carry the verdict."""
     import statistics
 
     from ddp_ring_hooks.advisor import advise
     from ddp_ring_hooks.advisor.advice import format_advice
-
     from ddp_ring_hooks.advisor.sparse_verdict import FASTEST
 
     found = sparse_runs[1][0]

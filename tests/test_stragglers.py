@@ -105,8 +105,9 @@ def test_delayed_rank_is_named_with_its_cost(tmp_path, world_size, delayed_rank)
 DIAGNOSED_STEPS = 40
 
 
-@pytest.mark.solo  # link rates on loopback read against the cores: beside the other worker's tests one
-# suite run (-n 2) named the straggler's own network once (3 gathered steps agreeing); alone it passes
+# Solo: its link rates on loopback are read against the cores. Beside the other worker's tests one
+# suite run (-n 2) named the straggler's own network once (3 gathered steps agreeing); alone it passes.
+@pytest.mark.solo
 def test_diagnose_names_the_straggler_within_the_warm_up_and_blames_no_link(tmp_path):
     from ddp_ring_hooks.telemetry.cadence import WARMUP
 

@@ -438,13 +438,16 @@ def test_two_ranks_then_advise_json_reads_the_log_dir(tmp_path):
     assert set(offline["recommendation"]) == {"knob", "value", "speedup", "why"}
     # The probe ran when the hook was registered (collective: every rank holds the same numbers),
     # the timeline recorded it, and the advice is priced with it and says so.
-    from ddp_ring_hooks.runtime.network_probe import PROBE_REPEATS, PROBE_SIZES, WIRE_SIZES
+    from ddp_ring_hooks.runtime.network_probe import MESSAGES_PROBE, PROBE_REPEATS, PROBE_SIZES, WIRE_SIZES
     from ddp_ring_hooks.telemetry.timeline import read_timeline
 
     (run_path,) = glob.glob(os.path.join(log_dir, "**", "timeline*.jsonl"), recursive=True)[:1]
     run = read_timeline(run_path)[0]
     assert run.probe_algorithm == "ring" and dict(run.options)["wire_dtype"] == "fp32"
-    assert [(s.nbytes, s.wire) for s in run.probe] == [*((n, "fp32") for n in PROBE_SIZES), *((n, "bf16") for n in WIRE_SIZES)]
+    assert [(s.nbytes, s.wire, s.algorithm) for s in run.probe] == [
+        *((n, "fp32", "") for n in PROBE_SIZES), *((n, "bf16", "") for n in WIRE_SIZES),
+        (PROBE_SIZES[0], "fp32", MESSAGES_PROBE[0])]
+    assert run.probe[-1].options == MESSAGES_PROBE[1]  # read back from the file as it was written
     assert all(len(s.seconds) == PROBE_REPEATS and min(s.seconds) > 0 for s in run.probe)
     assert offline["model"]["network"]["source"].startswith("probed when the hook was registered: ring at 16 KiB-2 MiB")
     assert all(r["speedup_range"] is not None for r in offline["what_if"])
@@ -631,6 +634,19 @@ def test_timeline_records_round_trip_and_old_or_foreign_files_are_read_or_refuse
     with pytest.raises(ValueError, match="line 1: .*has unknown colour"):
         read_timeline(path)
 
+    # A probe with its second message count survives the file; a version-4 probe (its samples
+    # without ``algorithm`` and ``options``) reads as the run's algorithm alone: no per-call cost.
+    probed = _probed(records, probe_samples(180e-6, 50e6, 1e-9, per_call_s=440e-6))
+    path.write_text("".join(r.to_json() + "\n" for r in probed))
+    assert read_timeline(path) == probed
+    old_probe = {**as_old_dict(probed[0]), "version": 4}
+    old_probe["probe"] = [{k: v for k, v in sample.items() if k not in ("algorithm", "options")}
+                          for sample in old_probe["probe"][:-1]]
+    path.write_text(json.dumps(old_probe) + "\n" + "".join(r.to_json() + "\n" for r in probed[1:]))
+    old_run = read_timeline(path)[0]
+    assert [s.algorithm for s in old_run.probe] == ["", "", ""]
+    assert advise(read_timeline(path))["model"]["network"]["per_algorithm"]["*"]["per_call_us"] == 0
+
 
 @pytest.mark.fast
 def test_contention_counts_what_the_busiest_rank_sends_for_every_algorithm():
@@ -777,18 +793,25 @@ def test_a_two_tier_network_prices_the_what_ifs_with_the_uplink_shared_by_a_node
 # -- the probe, wire rows, what the advice withholds (issue 31) -------------------------------------
 
 
-def probe_samples(alpha_s: float, rate_Bps: float, gamma_s_per_B: float, *, spread: float = 0.0):
+def probe_samples(alpha_s: float, rate_Bps: float, gamma_s_per_B: float, *, spread: float = 0.0,
+                  per_call_s: float | None = None):
     """A probe of the ring at p=2 on a network of exactly ``alpha``, ``1 / rate``, ``gamma``: the
-    times its formula gives, each size's three blocks ``spread`` apart (fastest, median, slowest)."""
+    times its formula gives, each size's three blocks ``spread`` apart (fastest, median, slowest).
+    With ``per_call_s``, each call also costs that, and the probe times its second message count
+    (``MESSAGES_PROBE``) as the hook's probe does."""
     from ddp_ring_hooks.cost_model import Links, ProbeSample, predict
-    from ddp_ring_hooks.runtime.network_probe import PROBE_SIZES, WIRE_SIZES
+    from ddp_ring_hooks.runtime.network_probe import MESSAGES_PROBE, PROBE_SIZES, WIRE_SIZES
 
-    links = Links(alpha_s, 1.0 / rate_Bps, gamma_s_per_B)
+    links = Links(alpha_s, 1.0 / rate_Bps, gamma_s_per_B, per_call=per_call_s or 0.0)
+    blocks = lambda t: (t * (1 - spread), t, t * (1 + spread))  # noqa: E731
     samples = []
     for wire, sizes in (("fp32", PROBE_SIZES), ("bf16", WIRE_SIZES)):
         for n in sizes:
-            t = predict("ring", n, 2, links=links, wire_dtype=wire)
-            samples.append(ProbeSample(n, wire, (t * (1 - spread), t, t * (1 + spread))))
+            samples.append(ProbeSample(n, wire, blocks(predict("ring", n, 2, links=links, wire_dtype=wire))))
+    if per_call_s is not None:
+        counted, options = MESSAGES_PROBE
+        t = predict(counted, PROBE_SIZES[0], 2, links=links, **dict(options))
+        samples.append(ProbeSample(PROBE_SIZES[0], "fp32", blocks(t), counted, options))
     return tuple(samples)
 
 
@@ -804,6 +827,32 @@ def test_the_probe_fit_recovers_alpha_beta_gamma_and_its_blocks_spread_is_the_er
     noisy = from_probe(probe_samples(50e-6, 50e6, 1e-9, spread=0.2), algorithm="ring", world_size=2)
     fastest, slowest = (n.calibration("ring") for n in noisy.bounds)
     assert fastest.beta == pytest.approx(0.8 / 50e6, rel=1e-6) and slowest.beta == pytest.approx(1.2 / 50e6, rel=1e-6)
+
+
+@pytest.mark.fast
+def test_a_second_message_count_tells_the_per_call_cost_from_the_per_message_one():
+    """A call's hand-offs cost once, its messages each (loopback, 2 ranks: 0.44 ms per call, 0.18
+    ms per message). The ring's probe alone spreads the call over its 2 messages and prices a
+    25 MiB double binary tree (64 messages in one call) at 64 of those; with the second count
+    (``MESSAGES_PROBE``) the fit finds both, and the tree costs one call and 64 messages."""
+    from ddp_ring_hooks.advisor.network import bucket_cost, from_probe
+
+    both = from_probe(probe_samples(180e-6, 50e6, 1e-9, per_call_s=440e-6), algorithm="ring", world_size=2)
+    links = both.calibration("ring")
+    assert links.per_call == pytest.approx(440e-6, rel=1e-6) and links.alpha == pytest.approx(180e-6, rel=1e-6)
+    assert links.beta == pytest.approx(1 / 50e6, rel=1e-6) and links.gamma == pytest.approx(1e-9, rel=1e-6)
+    assert "+ 440 us per call" in both.source and both.as_dict()["per_algorithm"]["*"]["per_call_us"] == pytest.approx(440)
+    one_count = [s for s in probe_samples(180e-6, 50e6, 1e-9, per_call_s=440e-6) if not s.algorithm]
+    spread = from_probe(one_count, algorithm="ring", world_size=2).calibration("ring")
+    assert spread.per_call == 0 and spread.alpha == pytest.approx(180e-6 + 440e-6 / 2, rel=1e-6)
+    tree = 25 << 20
+    assert bucket_cost(both, "double_binary_tree", tree, 2).fixed_ms == pytest.approx(
+        1e3 * (440e-6 + 64 * 180e-6) + 1e3 * tree * 0.5 * 1e-9, rel=1e-6)
+    assert bucket_cost(from_probe(one_count, algorithm="ring", world_size=2), "double_binary_tree", tree, 2).fixed_ms \
+        > 1.5 * bucket_cost(both, "double_binary_tree", tree, 2).fixed_ms
+    # the ring, priced either way, costs what the probe measured: both fits agree where they were measured
+    assert bucket_cost(both, "ring", 1 << 20, 2).total_ms == pytest.approx(
+        bucket_cost(from_probe(one_count, algorithm="ring", world_size=2), "ring", 1 << 20, 2).total_ms, rel=1e-6)
 
 
 def _probed(records, samples):

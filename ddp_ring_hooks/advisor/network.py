@@ -124,7 +124,7 @@ class Network:
             "source": self.source,
             "per_algorithm": {
                 name: {"alpha_us": c.alpha * 1e6, "bandwidth_GBps": (1e-9 / c.beta) if c.beta else None,
-                       "cast_gamma_ns_per_B": c.gamma * 1e9}
+                       "cast_gamma_ns_per_B": c.gamma * 1e9, "per_call_us": c.per_call * 1e6}
                 for name, c in self.calibrations.items()
             },
         }
@@ -172,7 +172,8 @@ def bucket_cost(network: Network, algorithm: str, nbytes: float | SparseBucket, 
         return _sparse_cost(network, algorithm, nbytes, world_size, **options)
     terms, links = network.terms(algorithm, nbytes, world_size, **options)
     n, inside = float(nbytes), links.inside
-    fixed = terms.messages * links.alpha + terms.local_messages * inside.alpha + n * (terms.reduced + terms.cast) * links.gamma
+    fixed = (links.call_cost(terms) + terms.messages * links.alpha + terms.local_messages * inside.alpha
+             + n * (terms.reduced + terms.cast) * links.gamma)
     link = n * (terms.bytes * links.beta + terms.local_bytes * inside.beta)
     ways = link_directions(algorithm, world_size, nbytes=n, **options)
     return BucketCost(fixed_ms=1e3 * fixed, link_ms=1e3 * link, link_directions=ways)
@@ -187,7 +188,7 @@ def _sparse_cost(network: Network, algorithm: str, bucket: SparseBucket, world_s
         dense = bucket_cost(network, algorithm, bucket.dense_bytes, world_size, **options)
         return replace(dense, fixed_ms=dense.fixed_ms + 1e3 * 2 * bucket.dense_bytes * links.gamma)
     s, others = float(bucket.sparse_bytes), world_size - 1
-    fixed = 3 * others * links.alpha + 2 * world_size * s * links.gamma
+    fixed = links.per_call + 3 * others * links.alpha + 2 * world_size * s * links.gamma
     return BucketCost(fixed_ms=1e3 * fixed, link_ms=1e3 * others * s * links.beta)
 
 
@@ -214,8 +215,9 @@ def from_probe(
     links = fitted.links
     scatter = max(((max(s.seconds) - min(s.seconds)) / statistics.median(s.seconds) for s in samples if s.seconds),
                   default=0.0)
+    per_call = f" + {links.per_call * 1e6:.0f} us per call" if any(s.algorithm for s in samples) else ""
     source = (f"probed when the hook was registered: {algorithm} at {_size(sizes[0])}-{_size(sizes[-1])} on "
-              f"{' and '.join(wires)}; alpha {links.alpha * 1e6:.0f} us, {_rate(links.beta)}, cast "
+              f"{' and '.join(wires)}; alpha {links.alpha * 1e6:.0f} us{per_call}, {_rate(links.beta)}, cast "
               f"{links.gamma * 1e9:.2f} ns/B; its blocks scattered by up to {scatter:.0%} of their median "
               f"(each row's speedup_range)")
 

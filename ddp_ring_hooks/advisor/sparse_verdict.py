@@ -69,7 +69,7 @@ def verdict_network(model: StepModel) -> tuple[Network, str]:
                       (network, "the probe's median blocks (its fastest left a cost at 0: a disturbed probe)"))
         for candidate, name in candidates:
             links = candidate.calibration(model.profile.algorithm)
-            if links.alpha > 0 and links.beta > 0:
+            if (links.alpha > 0 or links.per_call > 0) and links.beta > 0:
                 return candidate, name
         reason = "the probe's blocks left its per-message or per-byte cost at 0 (a disturbed probe)"
     else:

@@ -66,7 +66,7 @@ def placed_on_this_run(records, args: argparse.Namespace):
     if args.local_latency or args.local_bandwidth:
         local = Links(parse_time(args.local_latency) if args.local_latency else uplink.alpha,
                       1 / parse_bandwidth(args.local_bandwidth) if args.local_bandwidth else uplink.beta)
-    network = from_two_tier(two_tier_network(args.placement, Links(uplink.alpha, uplink.beta, uplink.gamma, local=local)))
+    network = from_two_tier(two_tier_network(args.placement, replace(uplink, local=local)))
     return replace(network, source=f"{network.source.replace('given, ', '', 1)}; the uplink is this run's own network "
                                    f"({measured.source.split(':')[0]}), one tier measured, two predicted")
 

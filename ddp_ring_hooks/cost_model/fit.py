@@ -56,7 +56,7 @@ def fit(
     Example::
 
         >>> fit([(0, 20e-6), (1 << 20, 520e-6)])           # one-way messages
-        Links(alpha=2.0...e-05, beta=4.76...e-10, gamma=0.0, local=None)
+        Links(alpha=2.0...e-05, beta=4.76...e-10, gamma=0.0, local=None, per_call=0.0)
     """
     if algorithm is None:
         rows = [((1.0, float(n)), float(t)) for n, t in samples]
@@ -164,11 +164,17 @@ def _weighted_least_squares(rows) -> list[float]:
 @dataclass(frozen=True)
 class ProbeSample:
     """One size of a probe: seconds per all-reduce of ``nbytes`` on ``wire`` (``"fp32"``,
-    ``"bf16"``, ...) in each timed block (every block counts for its slowest rank)."""
+    ``"bf16"``, ...) in each timed block (every block counts for its slowest rank).
+
+    ``algorithm`` (with its ``options``, as ``(name, value)`` pairs) when the block timed
+    another schedule than the run's (``""``): the probe's second message count at one size,
+    which tells the per-call cost from the per-message one (:func:`fit_probe`)."""
 
     nbytes: int
     wire: str
     seconds: tuple[float, ...]
+    algorithm: str = ""
+    options: tuple[tuple[str, object], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -187,6 +193,10 @@ def fit_probe(samples: Sequence[ProbeSample], *, algorithm: str, world_size: int
     """Fit ``algorithm``'s formula (``options`` its own; each sample's wire dtype put in) to
     ``samples``: ``t = messages·α + n·(bytes·β + (reduced + cast)·γ)``. With one wire dtype γ
     cannot be told from β (it is fitted as 0, and β holds the additions, as in :func:`fit`).
+    Samples of another schedule (``ProbeSample.algorithm``: more messages at the same size) add
+    the per-call cost, ``t = per_call + messages·α + ...``: without them a call's own hand-offs
+    are spread over its messages (``per_call`` 0), which overprices a schedule of many messages
+    in one call (a pipelined tree's 64 against the ring's 2).
 
         >>> fitted = fit_probe([ProbeSample(0, "fp32", (2e-5,)), ProbeSample(1 << 20, "fp32", (1e-3,))],
         ...                    algorithm="ring", world_size=2)
@@ -196,25 +206,30 @@ def fit_probe(samples: Sequence[ProbeSample], *, algorithm: str, world_size: int
     samples = [s for s in samples if s.seconds]
     if any(t <= 0 for s in samples for t in s.seconds):
         raise ValueError("every probed time must be positive")
-    terms = [_probe_terms(algorithm, s, world_size, options) for s in samples]
-    wires = {s.wire for s in samples}
-    used = 3 if len(wires) > 1 else 2
+    terms = [_probe_terms(s.algorithm or algorithm, s, world_size, dict(s.options) if s.algorithm else options)
+             for s in samples]
+    # the columns the samples can tell apart: per call (two message counts at one size), α, β, γ (two wires)
+    counts = {(s.nbytes, s.wire, row[1]) for row, s in zip(terms, samples)}
+    per_call = len(counts) > len({(s.nbytes, s.wire) for s in samples})
+    columns = [0] * per_call + [1, 2] + [3] * (len({s.wire for s in samples}) > 1)
+    used = len(columns)
 
     def fitted(pick) -> tuple[Links, list[float]]:
-        rows = [(row[:used], pick(s.seconds)) for row, s in zip(terms, samples)]
+        rows = [(tuple(row[j] for j in columns), pick(s.seconds)) for row, s in zip(terms, samples)]
         if len({row for row, _ in rows}) < used:
             raise ValueError(f"need probed times at {used} or more different sizes and wires to fit; got {len(rows)}")
-        values = (*_nonnegative_least_squares(rows), 0.0)
-        links = Links(values[0], values[1], values[2])
-        residuals = [abs(sum(v * a for v, a in zip(values, row)) / t - 1) for row, t in rows]
+        found = dict(zip(columns, _nonnegative_least_squares(rows)))
+        links = Links(found[1], found[2], found.get(3, 0.0), per_call=found.get(0, 0.0))
+        residuals = [abs(sum(found[j] * a for j, a in zip(columns, row)) / t - 1) for row, t in rows]
         return links, residuals
 
     links, residuals = fitted(statistics.median)
     return ProbeFit(links, fitted(min)[0], fitted(max)[0], max(residuals))
 
 
-def _probe_terms(algorithm: str, sample: ProbeSample, world_size: int, options: Mapping) -> tuple[float, float, float]:
-    """The coefficients of α, β and γ for one probed size (see :func:`fit_probe`)."""
+def _probe_terms(algorithm: str, sample: ProbeSample, world_size: int,
+                 options: Mapping) -> tuple[float, float, float, float]:
+    """The coefficients of the per-call cost, α, β and γ for one probed size (see :func:`fit_probe`)."""
     t = cost_terms(algorithm, world_size, nbytes=sample.nbytes, **with_wire(options, sample.wire))
     n = float(sample.nbytes)
-    return (t.messages + t.local_messages, n * (t.bytes + t.local_bytes), n * (t.reduced + t.cast))
+    return (1.0, t.messages + t.local_messages, n * (t.bytes + t.local_bytes), n * (t.reduced + t.cast))

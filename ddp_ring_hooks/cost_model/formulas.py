@@ -29,10 +29,14 @@ priced by :mod:`.two_tier` and by ``simulate(..., shared_uplinks=True)``.
 
     time = messages·α + n·(bytes·β + (reduced + cast)·γ)   the links between nodes (every link, on one tier)
          + local_messages·α_l + n·local_bytes·β_l          the links inside a node (``local``; default: the same)
+         + per_call                                        once per all-reduce (default 0)
 
 ``α`` seconds per message, ``β`` per byte, ``γ`` per reduced or cast byte (a narrower wire's
 casts, :func:`on_the_wire`, are passes over the buffer like an addition's), and, for two tiers, the
-links inside a node (``local``, a ``Links`` of its own). Every caller prices with it:
+links inside a node (``local``, a ``Links`` of its own). ``per_call`` is what one all-reduce
+costs apart from its messages (the executor handing the call to its worker and back): only the
+advisor's probe can tell it from α, by timing two message counts at one size
+(:func:`~.fit.fit_probe`); every other fit leaves it 0, and α then holds its share. Every caller prices with it:
 :func:`price` and :func:`predict`, a fit (:func:`~.fit.fit` returns one; ``Calibration`` is its
 name there), a :class:`~.two_tier.TwoTier` network (the ``Links`` whose uplinks each node's ranks
 share, and where the ranks are), ``auto``'s choice, and the advisor's ``Network`` (a ``Links``
@@ -64,10 +68,12 @@ class Links:
     beta: float
     gamma: float = 0.0
     local: Links | None = None
+    #: seconds per all-reduce call apart from its messages (see the module docstring)
+    per_call: float = 0.0
 
     def __post_init__(self) -> None:
-        if min(self.alpha, self.beta, self.gamma) < 0:
-            raise ValueError("alpha, beta and gamma must be non-negative")
+        if min(self.alpha, self.beta, self.gamma, self.per_call) < 0:
+            raise ValueError("alpha, beta, gamma and per_call must be non-negative")
 
     @property
     def inside(self) -> Links:
@@ -82,7 +88,12 @@ class Links:
         return (
             terms.messages * self.alpha + n * (terms.bytes * self.beta + (terms.reduced + terms.cast) * self.gamma)
             + terms.local_messages * inside.alpha + n * terms.local_bytes * inside.beta
+            + self.call_cost(terms)
         )
+
+    def call_cost(self, terms: CostTerms) -> float:
+        """``per_call`` for a call that sends anything (one rank's all-reduce sends nothing)."""
+        return self.per_call if terms.messages or terms.local_messages else 0.0
 
     def predict(self, algorithm: str, nbytes: float, world_size: int, **options) -> float:
         """:func:`predict` on these links."""

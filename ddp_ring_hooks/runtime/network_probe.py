@@ -10,7 +10,7 @@ when :func:`~ddp_ring_hooks.register` attaches the hook (collective, the same on
         (a barrier before each block; a block counts for its slowest rank)    times, the advisor
     the other wire (bf16 for an fp32 run, fp32 for a narrower one), at the   fits them, and the
     WIRE_SIZES only: what the casts cost (γ)                                 blocks' spread is
-                                                                             its error bar)
+    MESSAGES_PROBE at the small size: more messages in one call (per call)   its error bar)
 
 1. The calls go through the executors the hook uses (:func:`~.selection.time_all_reduce_blocks`,
    ``auto``'s own timing), so the probe's α holds the executor's per-step overheads.
@@ -18,7 +18,15 @@ when :func:`~ddp_ring_hooks.register` attaches the hook (collective, the same on
    numbers: nothing to broadcast.
 3. Sizes: a small one (the per-message cost) and 2 MiB, large enough on a shaped link that the
    shaper's burst (5 ms of the rate on the lab) is a few percent of a block; the other wire at
-   2 MiB only. Three blocks of one call each (after one warm-up call per size): 12 all-reduces.
+   2 MiB only. Three blocks of one call each (after one warm-up call per size).
+4. A second message count at the small size (:data:`MESSAGES_PROBE`: the double binary tree
+   cut into 8 segments, 16 messages at p = 2 against the ring's 2): a call's own hand-offs
+   (the executor giving it to its worker and taking it back) cost once per call, its messages
+   each; with one count they cannot be told apart, and a schedule of many messages in one call
+   was priced as many calls (on loopback, 2 ranks: a 16 KiB call of 2 messages 0.8 ms, of 16
+   3.6 ms, of 64 12.2 ms: 0.44 ms per call and 0.18 ms per message, where one count read
+   0.40 ms per message). Not timed for ``native`` (the group's own call, not the executor's).
+   16 all-reduces in all (12 for ``native``).
 
 What it costs is measured in ``docs/advisor.md`` (p = 2 and 4, loopback and the lab): the
 2 MiB blocks decide it. ``network_probe=False`` (a ``register`` / ``HookState`` option) turns it
@@ -37,8 +45,10 @@ import torch.distributed as dist
 
 from ..cost_model import ProbeSample
 from ..schedules import is_narrow, wire_of, with_wire
+from ..schedules.double_binary_tree import MANY_MESSAGES
 from ..schedules.wire import AS_IS
 from .collectives import all_gather_ints, device_of
+from .names import has_schedule
 from .selection import time_all_reduce_blocks
 
 #: Bytes per rank of the probe's all-reduces: latency-bound and bandwidth-bound (two sizes fit
@@ -50,6 +60,8 @@ WIRE_SIZES = (2 * 1024 * 1024,)
 PROBE_REPEATS, PROBE_CALLS = 3, 1
 #: The wire dtype timed beside an fp32 run's (and fp32 beside a narrower run's).
 OTHER_WIRE = "bf16"
+#: The schedule timed at the small size for a second message count (point 4 of the module docstring).
+MESSAGES_PROBE = MANY_MESSAGES
 
 
 def probe_network(
@@ -77,4 +89,9 @@ def probe_network(
         for nbytes in sizes:
             seconds = time_all_reduce_blocks(algorithm, wired, nbytes, group, device, PROBE_REPEATS, calls=PROBE_CALLS)
             samples.append(ProbeSample(nbytes, wire, tuple(seconds)))
+    if has_schedule(algorithm):
+        counted, counted_options = MESSAGES_PROBE
+        wired = with_wire(dict(counted_options), wire_of(options))
+        seconds = time_all_reduce_blocks(counted, wired, PROBE_SIZES[0], group, device, PROBE_REPEATS, calls=PROBE_CALLS)
+        samples.append(ProbeSample(PROBE_SIZES[0], wire_of(options), tuple(seconds), counted, counted_options))
     return tuple(samples)

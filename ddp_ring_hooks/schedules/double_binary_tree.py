@@ -76,6 +76,9 @@ from .registry import CostTerms
 
 REDUCE = "reduce"
 BROADCAST = "broadcast"
+#: Many messages in one small call: the advisor's probe times it beside the run's own schedule to
+#: tell a call's cost from a message's (``runtime/network_probe.py``; 16 messages at p = 2).
+MANY_MESSAGES = ("double_binary_tree", (("segments", 8),))
 
 #: ``parent[r]``: the rank ``r`` sends its partial sums to; ``None`` for the root.
 Parents = tuple["int | None", ...]

@@ -29,7 +29,9 @@ from ..cost_model import ProbeSample
 #: ``dense_bytes`` (a sparse bucket's, for the advisor's gather-or-densify verdict; an older
 #: file's buckets read as dense). Version 4 added the run's ``param_sparse``: which parameters
 #: DDP gives a sparse bucket of their own (an older file's are found by their dense size).
-TIMELINE_VERSION = 4
+#: Version 5 added a probe sample's ``algorithm`` and ``options`` (its second message count;
+#: an older file's probe reads as the run's algorithm only, and no per-call cost is fitted).
+TIMELINE_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,9 @@ class TimelineRun:
                                     for name, value in data["options"])
         if data.get("probe") is not None:
             data["probe"] = tuple(
-                _build(ProbeSample, {**sample, "seconds": tuple(sample["seconds"])}) for sample in data["probe"]
+                _build(ProbeSample, {**sample, "seconds": tuple(sample["seconds"]),
+                                     "options": tuple(tuple(pair) for pair in sample.get("options", ()))})
+                for sample in data["probe"]
             )
         return _build(cls, data)
 

@@ -36,8 +36,9 @@ casts, :func:`on_the_wire`, are passes over the buffer like an addition's), and,
 links inside a node (``local``, a ``Links`` of its own). ``per_call`` is what one all-reduce
 costs apart from its messages (the executor handing the call to its worker and back): only the
 advisor's probe can tell it from α, by timing two message counts at one size
-(:func:`~.fit.fit_probe`); every other fit leaves it 0, and α then holds its share. Every caller prices with it:
-:func:`price` and :func:`predict`, a fit (:func:`~.fit.fit` returns one; ``Calibration`` is its
+(:func:`~.fit.fit_probe`); every other fit leaves it 0, and α then holds its share.
+
+Every caller prices with it: :func:`price` and :func:`predict`, a fit (:func:`~.fit.fit` returns one; ``Calibration`` is its
 name there), a :class:`~.two_tier.TwoTier` network (the ``Links`` whose uplinks each node's ranks
 share, and where the ranks are), ``auto``'s choice, and the advisor's ``Network`` (a ``Links``
 per algorithm). A new term is one more field of ``Links`` and one more product in

@@ -38,11 +38,12 @@ costs apart from its messages (the executor handing the call to its worker and b
 advisor's probe can tell it from α, by timing two message counts at one size
 (:func:`~.fit.fit_probe`); every other fit leaves it 0, and α then holds its share.
 
-Every caller prices with it: :func:`price` and :func:`predict`, a fit (:func:`~.fit.fit` returns one; ``Calibration`` is its
-name there), a :class:`~.two_tier.TwoTier` network (the ``Links`` whose uplinks each node's ranks
-share, and where the ranks are), ``auto``'s choice, and the advisor's ``Network`` (a ``Links``
-per algorithm). A new term is one more field of ``Links`` and one more product in
-:meth:`Links.price`, as the casts of a compressed wire were (priced with ``γ``: ``cast·γ``).
+Every caller prices with it: :func:`price` and :func:`predict`, a fit (:func:`~.fit.fit` returns
+one; ``Calibration`` is its name there), a :class:`~.two_tier.TwoTier` network (the ``Links``
+whose uplinks each node's ranks share, and where the ranks are), ``auto``'s choice, and the
+advisor's ``Network`` (a ``Links`` per algorithm). A new term is one more field of ``Links`` and
+one more product in :meth:`Links.price`, as the casts of a compressed wire were (priced with
+``γ``: ``cast·γ``).
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ from typing import TypeVar
 
 import torch
 
+from .daemons import stop_at_exit
+
 Result = TypeVar("Result")
 
 _STOP = object()
@@ -52,6 +54,7 @@ class CommWorker:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
+                stop_at_exit(self)
             self._jobs.put((job, future))
         return future
 
@@ -61,12 +64,17 @@ class CommWorker:
         It waits for the thread without a timeout: a thread still running after close would
         share the queue with the next one, and two threads of one lane could reorder its
         messages."""
+        self.stop_threads(timeout=None)
+
+    def stop_threads(self, timeout: float | None) -> None:
+        """:meth:`close`, waiting at most ``timeout`` seconds (at exit: ``runtime/daemons.py``;
+        a job stuck in a transfer that never completes is left there)."""
         with self._lock:
             thread, self._thread = self._thread, None
             if thread is None:
                 return
             self._jobs.put(_STOP)
-        thread.join()
+        thread.join(timeout)
 
     def _run(self) -> None:
         failed_start: BaseException | None = None

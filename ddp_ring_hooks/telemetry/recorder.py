@@ -35,17 +35,16 @@ advice and the stall watchdog their text panels. Homes: the options and their ch
 
 from __future__ import annotations
 
-import atexit
 import os
 import queue
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable
 
 import torch.distributed as dist
 
+from ..runtime.daemons import stop_at_exit
 from .bucket_marks import step_record
 from .cadence import AUTO, Cadence
 from .options import TelemetryOptions, check_sink, collect_telemetry_options, group_log_dir
@@ -199,7 +198,7 @@ class Telemetry(Watcher):
                 self._directory = group_log_dir(self.options.log_dir, group) if initialized else self.options.log_dir
             self._writer = threading.Thread(target=self._write_loop, name="ddp-ring-hooks-telemetry", daemon=True)
             self._writer.start()
-        atexit.register(_close_at_exit, weakref.ref(self))
+        stop_at_exit(self)
 
     def _file_sinks(self, rank: int) -> list[tuple[Sink, Callable[[int], bool]]]:
         """TensorBoard and trace sinks of this rank (built on the writer thread: file I/O)."""
@@ -252,6 +251,11 @@ class Telemetry(Watcher):
                 sink.close()
             except Exception as error:  # noqa: BLE001 - one broken sink must not hide the others
                 warnings.warn(f"telemetry sink {type(sink).__name__} failed to close: {error}", stacklevel=2)
+
+    def stop_threads(self, timeout: float) -> None:
+        """At exit (``runtime/daemons.py``): :meth:`close`, whose own wait (up to
+        ``_CLOSE_TIMEOUT_S``) it keeps: the steps queued are the run's last numbers."""
+        self.close()
 
     def summary(self) -> str:
         """The per-bucket summary table of the logged steps so far, as text, and the latest of
@@ -355,9 +359,3 @@ class Telemetry(Watcher):
     def __setstate__(self, state: dict) -> None:
         self.options = state["options"]
         self._reset_runtime()
-
-
-def _close_at_exit(reference: weakref.ref) -> None:
-    telemetry = reference()
-    if telemetry is not None:
-        telemetry.close()

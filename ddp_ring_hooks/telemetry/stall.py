@@ -82,6 +82,7 @@ from torch.distributed import distributed_c10d
 
 from ..runtime.abort import group_timeout_s
 from ..runtime.compat import group_store
+from ..runtime.daemons import stop_at_exit
 from ..runtime.errors import CommunicationError
 from ..runtime.group_context import context_of
 from ..runtime.observer import ExecutionObserver
@@ -410,6 +411,7 @@ class StallWatchdog(Watcher):
         self._board = _StoreBoard(self._group, rank=self._rank, world_size=self._world_size)
         self._thread = threading.Thread(target=self._watch, name="ddp-ring-hooks-stall", daemon=True)
         self._thread.start()
+        stop_at_exit(self)  # a script that fails never closes it
 
     def _watch(self) -> None:
         published, published_at = None, 0.0
@@ -628,13 +630,21 @@ class StallWatchdog(Watcher):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self.stop_threads(timeout=None)
+
+    def stop_threads(self, timeout: float | None) -> None:
+        """Stop the watchdog's thread and its store exchange, waiting at most ``timeout``
+        seconds for them (``None``: the watchdog as long as it takes; at exit: ``runtime/daemons.py``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
             self._thread = None
-        if self._board is not None:
+        if self._board is not None and deadline is None:
             self._board.close()
+        elif self._board is not None:
+            self._board.stop_threads(max(0.0, deadline - time.monotonic()))
 
 
 def _stopped_here(finding: Finding, others: dict[int, RankRecord] | None) -> dict[int, RankRecord]:
@@ -724,10 +734,15 @@ class _StoreBoard:
             return self._read
 
     def close(self) -> None:
+        self.stop_threads(STORE_ANSWER_S)
+
+    def stop_threads(self, timeout: float) -> None:
+        """Stop the exchange's thread (after it counts this rank out), waiting up to ``timeout``
+        seconds: it may be stuck in a store that never answers."""
         with self._changed:
             self._stopping = True
             self._changed.notify()
-        self._thread.join(timeout=STORE_ANSWER_S)  # it may be stuck in a store that never answers
+        self._thread.join(timeout)
 
     def _run(self) -> None:
         while True:

@@ -1,0 +1,48 @@
+"""A training script that ends by an exception exits with its own error, not an abort.
+
+A script that fails (a peer's abort, a ``RankStalledError``, a bug) never calls
+``HookState.close``, so the package's daemon threads are still running when the interpreter
+exits; one that comes back from a C++ call (a gloo wait, a store request) while the
+interpreter finalizes aborts the whole process, "terminate called without an active
+exception" (SIGABRT) in place of the script's error, now and then (seen once in a fresh-clone
+CI run, on the rank a stall's survivor had continued). ``runtime/daemons.py`` stops them all
+at exit; this checks that none is alive when the interpreter begins to finalize: a
+deterministic check of what makes the abort possible.
+
+The two ranks are plain processes with the ``env://`` variables a launcher sets (as under
+Slurm's ``srun``), not torchrun's: its agent ends the other ranks with SIGTERM as soon as one
+has failed, and a process ended by a signal runs no ``atexit`` at all.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.scripts.train_with_hook import free_port, loopback_environment
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "exit_without_close.py"
+
+
+@pytest.mark.timeout(120)
+def test_a_script_that_fails_without_closing_leaves_no_thread_of_ours_at_exit(tmp_path):
+    port, world_size = free_port(), 2
+    ranks = [subprocess.Popen([sys.executable, str(SCRIPT), f"--out={tmp_path}"], stderr=subprocess.PIPE, text=True,
+                              env={**loopback_environment(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                   "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
+             for rank in range(world_size)]
+    try:
+        errors = [rank.communicate(timeout=100)[1] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    for rank, (process, stderr) in enumerate(zip(ranks, errors)):
+        assert process.returncode == 1, (rank, process.returncode, stderr[-3000:])  # its error, not SIGABRT (-6)
+        assert "the script fails after 3 steps" in stderr, stderr[-3000:]
+        alive = json.loads((tmp_path / f"threads_rank{rank}.json").read_text())
+        assert alive == [], f"rank {rank}: the package's threads still running at exit: {alive}"
+    assert any((tmp_path / "runs").rglob("events.out.tfevents.*"))  # the telemetry was written at exit

@@ -310,6 +310,25 @@ def _run_in_group(fn, args, backend: str, timeout_s: float, *, init_kwargs: dict
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **init_kwargs)
     try:
+        if "store" in init_kwargs:  # spawned ranks (under torchrun a fn's first collective waits instead)
+            _wait_for_every_rank(init_kwargs["store"], init_kwargs["world_size"], timeout_s)
         return fn(*args)
     finally:
         dist.destroy_process_group()
+
+
+def _wait_for_every_rank(store, world_size: int, timeout_s: float) -> None:
+    """Return once every rank's ``init_process_group`` has returned.
+
+    Gloo's full-mesh connect can return on one rank while a peer is still reading that rank's
+    handshake; a rank whose ``fn`` is quick then exits and closes the socket under the peer,
+    which fails with "Connection closed by peer" or waits out its timeout (about 1 start in
+    80 on two busy cores). Counting the ranks through the store, not the group, leaves the
+    group's own traffic (what some tests count) untouched."""
+    key = "ddp_ring_hooks/ranks-in-group"
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout_s
+    while store.add(key, 0) < world_size:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every rank joined the group within {timeout_s:.0f}s")
+        time.sleep(0.005)

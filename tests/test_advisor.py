@@ -47,18 +47,20 @@ def ring_ms(nbytes: float, alpha: float = ALPHA_MS, beta: float = BETA_MS) -> fl
 
 
 def timeline(*, ready, lanes=1, k=1, forward=10.0, backward=20.0, optimizer=1.0, rest=2.0, micro=None,
-             other_cpu=0.0, cpu_count=64, steps=4):
+             other_cpu=0.0, cpu_count=64, steps=4, hook=0.0):
     """Timeline records of a run whose buckets take exactly the α-β ring time.
 
     Parameters (registration order) are [3 MiB, 1 MiB]: with DDP's default limits the rebuilt
     buckets are [1 MiB, 3 MiB] (the last parameter first, the 1 MiB first bucket closes).
+    ``hook``: each bucket's ``call_ms`` (the ready times given include it, as measured ones do).
     """
     sizes = [1 * MIB, 3 * MIB]
     free, buckets = [float("-inf")] * lanes, []
     for i, (n, r) in enumerate(zip(sizes, ready)):
         start = max(r, free[i % lanes])
         end = free[i % lanes] = start + ring_ms(n)
-        buckets.append(TimelineBucket(index=i, nbytes=n, ready_ms=r, start_ms=start, end_ms=end, cpu_ms=0.0))
+        buckets.append(TimelineBucket(index=i, nbytes=n, ready_ms=r, start_ms=start, end_ms=end, cpu_ms=0.0,
+                                      call_ms=hook))
     exposed = max(b.end_ms for b in buckets) - backward
     step_ms = (k - 1) * (micro or 0.0) + forward + backward + exposed + optimizer + rest
     run = TimelineRun(
@@ -102,6 +104,25 @@ def test_everything_hidden_leaves_only_the_last_bucket():
         prediction = model.predict(run_setting(model.profile))
         assert prediction.exposed_ms == pytest.approx(ring_ms(3 * MIB))
         assert prediction.comm_ms == pytest.approx(ring_ms(MIB) + ring_ms(3 * MIB))
+
+
+@pytest.mark.fast
+def test_every_bucket_handed_over_costs_backward_the_hook_s_own_time():
+    """The hook runs on DDP's thread, backward's: every bucket handed over before the last one
+    holds the rest of backward for its ``call_ms`` (timeline version 6), and only the
+    synchronizing micro-batch calls it. Against the same run without the hook's time: the run's
+    own row is exact in both; one bucket (cap 25: DDP's first bucket capped too) saves one call;
+    k = 4 pays the calls once, where counting them in every micro-batch would pay them 4 times."""
+    hook = 0.5  # bucket 0 is handed over at 19.5 ms, its hook returns at 20, when bucket 1 is
+    plain, timed = (step_model(timeline(ready=[19.5, 20.0], hook=h)) for h in (0.0, hook))
+    assert timed.profile.call_ms == hook and timed.profile.calls_ms == hook  # 2 buckets: one call before the last
+    for model in (plain, timed):
+        assert model.predict(run_setting(model.profile)).step_ms == pytest.approx(model.profile.step_ms)
+    one_bucket = Setting(bucket_cap_mb=25, accumulate=1, algorithm="ring", world_size=2)
+    assert timed.predict(one_bucket).buckets == 1
+    assert timed.predict(one_bucket).step_ms == pytest.approx(plain.predict(one_bucket).step_ms - hook)
+    four = Setting(bucket_cap_mb=None, accumulate=4, algorithm="ring", world_size=2)
+    assert timed.predict(four).step_ms == pytest.approx(plain.predict(four).step_ms - 3 * hook)
 
 
 @pytest.mark.fast
@@ -452,6 +473,9 @@ def test_two_ranks_then_advise_json_reads_the_log_dir(tmp_path):
     assert offline["model"]["network"]["source"].startswith("probed when the hook was registered: ring at 16 KiB-2 MiB")
     assert all(r["speedup_range"] is not None for r in offline["what_if"])
     assert probes[0] == probes[1] == run.probe
+    # Every bucket of a measured step recorded the hook's own time on DDP's thread.
+    steps = read_timeline(run_path)[2:]
+    assert steps and all(0 < b.call_ms < 1000 for s in steps for b in s.buckets), [b.call_ms for s in steps for b in s.buckets]
     assert offline["model"]["buckets"] and sum(offline["model"]["buckets"]) == (256 * 256 + 256) * 4 * 2 + (256 * 10 + 10) * 4
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -646,6 +670,14 @@ def test_timeline_records_round_trip_and_old_or_foreign_files_are_read_or_refuse
     old_run = read_timeline(path)[0]
     assert [s.algorithm for s in old_run.probe] == ["", "", ""]
     assert advise(read_timeline(path))["model"]["network"]["per_algorithm"]["*"]["per_call_us"] == 0
+
+    # A version-5 file's buckets carry no call_ms: they read 0, and no hook time is counted.
+    timed = timeline(ready=[2.0, 20.0], hook=0.4)
+    old_step = as_old_dict(timed[1])
+    for bucket in old_step["buckets"]:
+        del bucket["call_ms"]
+    path.write_text(json.dumps({**as_old_dict(timed[0]), "version": 5}) + "\n" + json.dumps(old_step) + "\n")
+    assert [b.call_ms for b in read_timeline(path)[1].buckets] == [0.0, 0.0]
 
 
 @pytest.mark.fast

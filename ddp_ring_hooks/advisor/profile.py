@@ -13,7 +13,12 @@ How a step splits (``k`` micro-batches, the last one synchronizes)::
                                        └ includes contention: communication threads running
                                          "hidden" behind backward take CPU from it
 
-    clean micro-batch = forward + (backward - contention) + rest
+    clean micro-batch = forward + (backward - contention - hooks) + rest
+
+- ``hooks``: the hook's own time on DDP's thread (the autograd thread), once per bucket handed
+  over before the last one (``call_ms``, timeline version 6): backward waits for it, and only
+  the synchronizing micro-batch calls the hook. Another bucket count costs backward as many
+  hook calls.
 
 - ``rest``: what is left of the step (data loading, DDP's finalize, the training loop).
 - ``contention``: when the run had ``k > 1``, the synchronizing micro-batch's extra time over
@@ -50,6 +55,8 @@ class BucketProfile:
     #: its own time on the link: from its start, or the end of the bucket before it on the link
     #: when that was later, to its end (:func:`service_ms`; what the replay's costs are fitted to)
     service_ms: float = 0.0
+    #: the hook's own time on DDP's thread, from its call to its return (0 before timeline version 6)
+    call_ms: float = 0.0
     #: how it was reduced (``dense``, ``sparse`` gathered, ``densified``, ``foreign``) and, for a
     #: sparse one, its stored rows and its size both ways (the timeline's, version 3; medians)
     kind: str = "dense"
@@ -105,6 +112,15 @@ class RunProfile:
     #: Whether DDP expected each parameter's gradient sparse (a bucket of its own), as the run
     #: recorded it (``None``: a timeline from before version 4).
     param_sparse: tuple[bool, ...] | None = None
+    #: The hook's own time per bucket on DDP's thread (the median over the measured buckets; 0
+    #: before timeline version 6): what each bucket handed over costs backward.
+    call_ms: float = 0.0
+
+    @property
+    def calls_ms(self) -> float:
+        """The hook time backward waits for in the synchronizing micro-batch: every bucket
+        handed over before the last one (:func:`calls_ms`)."""
+        return calls_ms(self.call_ms, len(self.buckets))
 
     @property
     def one_host(self) -> bool:
@@ -120,10 +136,10 @@ class RunProfile:
     @property
     def clean_micro_ms(self) -> float:
         """One micro-batch without communication: a measured ``no_sync`` micro-batch, or at
-        k = 1 forward plus backward without its contention."""
+        k = 1 forward plus backward without its contention and the hook's calls."""
         if self.nosync_micro_ms is not None:
             return self.nosync_micro_ms
-        return self.forward_ms + self.backward_ms - self.contention_ms
+        return self.forward_ms + self.backward_ms - self.contention_ms - self.calls_ms
 
     @property
     def step_rest_ms(self) -> float:
@@ -149,6 +165,12 @@ class RunProfile:
     def default_bucket_cap(self) -> bool:
         """Whether DDP ran with its default cap (25 MiB with a small first bucket)."""
         return self.first_bucket_bytes < self.bucket_cap_bytes
+
+
+def calls_ms(call_ms: float, buckets: int) -> float:
+    """The hook time backward waits for with ``buckets`` buckets of ``call_ms`` each: every one
+    handed over before the last (the last one's hand-over ends backward)."""
+    return call_ms * max(0, buckets - 1)
 
 
 def oversubscribed(run: TimelineRun) -> float:
@@ -195,6 +217,7 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
             comm_ms=statistics.median(s.buckets[i].comm_ms for s in steps),
             cpu_ms=statistics.median(s.buckets[i].cpu_ms for s in steps),
             service_ms=statistics.median(services[i] for services in per_step),
+            call_ms=statistics.median(s.buckets[i].call_ms for s in steps),
             kind=steps[-1].buckets[i].kind,
             **_sparse_sizes([s.buckets[i] for s in steps]),
         )
@@ -205,11 +228,13 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
     intervals = [[(b.ready_ms, b.end_ms) for b in s.buckets] for s in steps]
     comm = statistics.median(busy_ms(i) for i in intervals)
     hidden = statistics.median(busy_ms(i, until=s.backward_ms) for i, s in zip(intervals, steps))
+    hook = statistics.median(b.call_ms for s in steps for b in s.buckets)
     if k > 1:
         micro = statistics.median(m for s in steps for m in s.nosync_micro_ms)
         rest = step_ms - (k - 1) * micro - (forward + backward + exposed + optimizer)
-        contention = max(0.0, min(backward, forward + backward + rest - micro))
-        source = "measured: the synchronizing micro-batch minus a no_sync one"
+        # the hook's calls are the synchronizing micro-batch's too, and not contention
+        contention = max(0.0, min(backward, forward + backward + rest - micro - calls_ms(hook, count)))
+        source = "measured: the synchronizing micro-batch minus a no_sync one and the hook's calls"
     else:
         rest = step_ms - (forward + backward + exposed + optimizer)
         share = oversubscribed(run)
@@ -227,7 +252,7 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
         contention_ms=contention, contention_source=source, buckets=buckets,
         nosync_micro_ms=micro if k > 1 else None, nodes=run.nodes, ring=run.ring,
         options=run.options, probe=run.probe, probe_algorithm=run.probe_algorithm, param_sparse=run.param_sparse,
-        link_busy_ms=(busy[0], statistics.median(busy), busy[-1]),
+        link_busy_ms=(busy[0], statistics.median(busy), busy[-1]), call_ms=hook,
     )
 
 

@@ -2,7 +2,7 @@
 
 ::
 
-    step = k · clean micro-batch  +  the step's rest  +  contention  +  exposed  +  optimizer
+    step = k · clean micro-batch  +  the step's rest  +  the hook's calls  +  contention  +  exposed  +  optimizer
 
 1. **Buckets.** The run's own buckets when the setting keeps its bucket limits; otherwise
    DDP's rules (:mod:`.bucketing`) repack the parameters, and each new bucket is ready when
@@ -16,12 +16,15 @@
 3. **Replay.** The buckets queue through the lanes and the link, each of its two ways (out,
    in) its own resource (:mod:`.replay`): communication from each hand-over, the part hidden
    behind backward, and the exposed part after it.
-4. **Contention.** On CPU, hidden communication still costs backward time: the communication
+4. **The hook's calls.** DDP calls the hook on backward's own thread: each bucket handed over
+   before the last holds backward for the hook's time (the run's median per bucket,
+   ``RunProfile.call_ms``), so a setting of ``N`` buckets pays ``N - 1`` calls, once per step.
+5. **Contention.** On CPU, hidden communication still costs backward time: the communication
    threads copy and add bytes on the same cores. The run measured it (:mod:`.profile`); it is
    taken to grow with the bytes moved while backward runs (``bytes_factor · bucket bytes``,
    for each bucket the share of its transfer that overlaps backward). Backward stretches by
    it, which moves the hand-over times: a few rounds of lanes settle it.
-5. **Calibrated on the run.** The model of the run's own setting is compared with what the
+6. **Calibrated on the run.** The model of the run's own setting is compared with what the
    run measured; the differences (the exposed time the α-β queue does not explain: hook
    start-up, waiting for the slower rank; the communication time likewise; the contention
    the bytes behind backward do not explain) are added to every prediction, so the run's own
@@ -41,7 +44,7 @@ from dataclasses import dataclass, replace
 from ..schedules import algorithm_names, resolve_options, with_wire
 from .bucketing import bucket_limits, rebuilt_bucket_bytes
 from .network import DENSIFY, GATHER, Network, SparseBucket, bucket_cost, bytes_factor
-from .profile import BucketProfile, RunProfile
+from .profile import BucketProfile, RunProfile, calls_ms
 from .ready_curve import ReadyCurve
 from .link_directions import link_directions, ways_held
 from .replay import BucketCost, replay
@@ -106,9 +109,14 @@ def _nbytes(size: float | SparseBucket) -> float:
 
 def _layout(profile: RunProfile, setting: Setting) -> tuple[list[float | SparseBucket], list[float]]:
     """Buckets (their bytes, a sparse one as a :class:`~.network.SparseBucket`) and clean ready
-    times (ms into a backward without contention)."""
-    stretch = 1.0 - profile.contention_ms / profile.backward_ms if profile.backward_ms > 0 else 1.0
-    ready = [b.ready_ms * stretch for b in profile.buckets]
+    times (ms into a backward without contention and without the hook's calls: bucket ``i`` was
+    handed over after ``i`` of them)."""
+    computing = profile.backward_ms - profile.calls_ms  # backward's own gradients, contention included
+    stretch = 1.0 - profile.contention_ms / computing if computing > 0 else 1.0
+    ready, latest = [], 0.0
+    for i, b in enumerate(profile.buckets):  # never earlier than the one before (medians may say so)
+        latest = max(latest, (b.ready_ms - i * profile.call_ms) * stretch)
+        ready.append(latest)
     sizes = [priced(b) for b in profile.buckets]
     run_limits = (profile.first_bucket_bytes, profile.bucket_cap_bytes) if profile.default_bucket_cap else (profile.bucket_cap_bytes,)
     limits = bucket_limits(bucket_cap_mb=setting.bucket_cap_mb)
@@ -186,20 +194,24 @@ def _model(profile: RunProfile, network: Network, setting: Setting, contention_p
     options = setting_options(profile, setting)
     costs = [_scaled(bucket_cost(network, setting.algorithm, n, setting.world_size, **options), own.scale) for n in sizes]
     factor = bytes_factor(setting.algorithm, setting.world_size, **options)
-    clean_backward = profile.backward_ms - profile.contention_ms
+    clean_backward = profile.backward_ms - profile.contention_ms - profile.calls_ms
+    hooks = calls_ms(profile.call_ms, len(sizes))  # the setting's hook calls, on backward's thread
+
+    def replayed(contention: float):
+        """The queue once contention stretches backward's gradients (which moves the
+        hand-overs), each bucket handed over after the hook's calls for the ones before it."""
+        scale = (clean_backward + contention) / clean_backward if clean_backward > 0 else 1.0
+        handed = [r * scale + i * profile.call_ms for i, r in enumerate(ready)]
+        backward = clean_backward + contention + hooks
+        return replay(handed, costs, lanes=profile.lanes, backward_ms=backward, shared_ways=own.shared_ways), backward
+
     contention = profile.contention_ms
-    for _ in range(3):  # contention stretches backward, which moves the hand-overs
-        backward = clean_backward + contention
-        scale = backward / clean_backward if clean_backward > 0 else 1.0
-        lanes = replay([r * scale for r in ready], costs, lanes=profile.lanes, backward_ms=backward,
-                       shared_ways=own.shared_ways)
+    for _ in range(3):  # a few rounds settle it
+        lanes, backward = replayed(contention)
         contention = contention_per_byte * factor * _hidden_bytes(sizes, lanes.starts, lanes.ends, backward)
-    backward = clean_backward + contention
-    scale = backward / clean_backward if clean_backward > 0 else 1.0
-    lanes = replay([r * scale for r in ready], costs, lanes=profile.lanes, backward_ms=backward,
-                   shared_ways=own.shared_ways)
+    lanes, _ = replayed(contention)
     step = (setting.accumulate * profile.clean_micro_ms + profile.step_rest_ms + contention + lanes.exposed_ms
-            + profile.optimizer_ms)
+            + profile.optimizer_ms + hooks - profile.calls_ms)
     return _Raw(step, lanes.comm_ms, lanes.exposed_ms, contention, len(sizes))
 
 

@@ -30,6 +30,7 @@ otherwise.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -228,6 +229,7 @@ class HookState(Reports, Checkpointing):
         bucket's: the averaged sparse tensor). ``parameters``: how to list the bucket's
         parameters (``GradBucket.parameters``), for error feedback across DDP's rebuild of its
         buckets; ``grad_bucket``: DDP's bucket itself (what a foreign hook is called with)."""
+        entered = time.perf_counter()  # the hook's own time on DDP's thread: the timeline's call_ms
         # 1. check
         validate_bucket(buffer)
         bucket, self._bucket_index = self._bucket_index, 0 if is_last else self._bucket_index + 1
@@ -255,7 +257,7 @@ class HookState(Reports, Checkpointing):
         # start here), and launch, the watch as the executor's observer
         watch = self.observation.hand_over(
             buffer, step=iteration + 1, index=bucket, is_last=is_last, algorithm=algorithm, group=self.group,
-            size=bucket_bytes(buffer, wire, kind=executor.kind, world_size=self.world_size),
+            size=bucket_bytes(buffer, wire, kind=executor.kind, world_size=self.world_size), entered=entered,
         )
         launch = Launch(buffer, schedule, watch, bucket, iteration, wire, residual, grad_bucket)
         future = executor.launch(launch, run)

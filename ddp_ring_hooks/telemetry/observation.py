@@ -133,13 +133,14 @@ class Observation:
 
     def hand_over(
         self, buffer: torch.Tensor, *, step: int, index: int, is_last: bool, algorithm: str, group,
-        size: BucketBytes | None = None,
+        size: BucketBytes | None = None, entered: float | None = None,
     ) -> BucketWatch:
         """DDP handed bucket ``index`` of optimizer ``step`` over, and the hook checked it and
         chose its ``algorithm`` (call it on the hook thread, in DDP's order, right before the
         launch): its hand-over mark, and the watch to pass to the executor as its observer
         (then tell it the Future: :meth:`BucketWatch.launched`). ``size``: its bytes and its
-        bytes on the wire (default: as the buffer is; a sparse one as gathered)."""
+        bytes on the wire (default: as the buffer is; a sparse one as gathered). ``entered``:
+        when the hook was called (``time.perf_counter()``), for the bucket's ``call_ms``."""
         timer = self._timers.for_buffer(buffer)
         handed = timer.mark()  # first: "handed over" starts queue_ms, exposed_ms, the arrival
         cadence = self.recorder.cadence
@@ -150,7 +151,7 @@ class Observation:
             self._exchangers = tuple(watcher for watcher in self.watchers if watcher.exchanges_after(step))
             opened.exchanged = bool(self._exchangers)
         bucket = BucketWatch(self, opened, timer, handed, buffer, index=index, is_last=is_last, algorithm=algorithm,
-                             size=size or bucket_bytes(buffer, None, kind=SPARSE if buffer.is_sparse else DENSE,
+                             entered=entered, size=size or bucket_bytes(buffer, None, kind=SPARSE if buffer.is_sparse else DENSE,
                                                        world_size=opened.world_size))
         seen = tuple(watcher.on_bucket(bucket) for watcher in self.watchers)
         bucket.watched_by(seen, (*(observer for observer in seen if observer is not None), *self.observers))

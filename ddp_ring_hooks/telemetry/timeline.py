@@ -254,6 +254,7 @@ class Timeline(Watcher):
                     start_ms=(clock.phases[0][1] if clock.phases else clock.handed) - backward_start,
                     end_ms=clock.end - backward_start,
                     cpu_ms=clock.cpu_ms,
+                    call_ms=bucket.call_ms,
                     kind=bucket.kind, nnz=bucket.size.nnz, sparse_bytes=bucket.size.sparse_bytes,
                     dense_bytes=bucket.size.dense_bytes,
                 )

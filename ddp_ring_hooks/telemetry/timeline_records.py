@@ -31,7 +31,9 @@ from ..cost_model import ProbeSample
 #: DDP gives a sparse bucket of their own (an older file's are found by their dense size).
 #: Version 5 added a probe sample's ``algorithm`` and ``options`` (its second message count;
 #: an older file's probe reads as the run's algorithm only, and no per-call cost is fitted).
-TIMELINE_VERSION = 5
+#: Version 6 added each bucket's ``call_ms``: the hook's own time on DDP's thread (an older
+#: file's read 0, and the advisor then counts no hook time per bucket).
+TIMELINE_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,9 @@ class TimelineBucket:
     end_ms: float
     cpu_ms: float
     kind: str = "dense"
+    #: the hook's own time on DDP's thread, from its call to its return (the autograd thread:
+    #: backward waits for it, once per bucket); 0 in a file from before version 6
+    call_ms: float = 0.0
     nnz: int | None = None
     sparse_bytes: int | None = None
     dense_bytes: int | None = None

@@ -180,7 +180,7 @@ class BucketWatch(FanOut):
     """
 
     def __init__(self, observation, step: StepWatch, timer, handed, buffer, *, index: int, is_last: bool,
-                 algorithm: str, size: BucketBytes) -> None:
+                 algorithm: str, size: BucketBytes, entered: float | None = None) -> None:
         super().__init__(())
         self._observation = observation
         self._step: StepWatch | None = step  # dropped when the bucket finishes: no cycle left
@@ -203,6 +203,10 @@ class BucketWatch(FanOut):
         self._cpu = None  # (thread, its CPU clock) at the first phase
         self.future = None
         self.explain = None
+        self._entered = entered
+        #: the hook's own time on DDP's thread (the autograd thread: backward waits for it), from
+        #: its call to its return with the Future (ms; 0 when the hook did not say when it began)
+        self.call_ms = 0.0
 
     def resize(self, size: BucketBytes) -> None:
         """The bucket's byte counts, once its executor knows them (a sparse bucket's once it is
@@ -265,4 +269,7 @@ class BucketWatch(FanOut):
         a step that watchers exchange after, the observation queues the exchange (on the hook
         thread: DDP's order, the same on every rank)."""
         self.explain = explain
-        return self._observation.launched(self, future)
+        future = self._observation.launched(self, future)
+        if self._entered is not None:
+            self.call_ms = (time.perf_counter() - self._entered) * 1e3
+        return future

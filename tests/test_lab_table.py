@@ -74,8 +74,10 @@ def test_bad_input_is_refused_with_the_fix(arguments, message, capsys):
 @pytest.fixture(scope="module")
 def measured(lab_machine, tmp_path_factory):
     path = tmp_path_factory.mktemp("lab_table") / "table.json"
+    # 5 rounds, the median shown: one pause of the shared cores can take 2 consecutive rounds of a
+    # cell (naive at p = 3 read 2.0x the link's time in a fresh-ci run with 3 rounds; alone 3 of 3 passed)
     command = [sys.executable, "-m", "ddp_ring_hooks", "lab", "table", "--world-sizes", "2,3", "--sizes", "2M,8M",
-               "--link", "400Mbit", "--rounds", "3", "--timeout", "100", "--json", str(path)]
+               "--link", "400Mbit", "--rounds", "5", "--timeout", "100", "--json", str(path)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

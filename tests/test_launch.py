@@ -6,6 +6,9 @@
    (``spawn_ranks(backend="nccl")`` puts rank ``i`` on ``cuda:i``: the GPU test below).
 3. The user's ``multiprocessing.set_forkserver_preload`` list is left as it was, and
    multiprocessing's shared fork server is not the one the ranks come from.
+4. No rank runs ``fn`` before every rank's ``init_process_group`` has returned (gloo's connect
+   can return on one rank while a peer still reads its handshake; a quick ``fn`` that exits then
+   closed the socket under the peer: 1 start in 80 on two busy cores).
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
-from ddp_ring_hooks.launch import spawn_ranks
+from ddp_ring_hooks.launch import _wait_for_every_rank, spawn_ranks
 
 
 def _report_pid(path: str) -> None:
@@ -100,3 +105,21 @@ def _device(rank: int, world_size: int) -> int:
 @pytest.mark.timeout(180)
 def test_nccl_ranks_each_use_their_own_gpu():
     assert spawn_ranks(_device, 2, backend="nccl") == [0, 1]
+
+
+@pytest.mark.fast
+@pytest.mark.timeout(30)
+def test_a_rank_waits_in_the_store_until_every_rank_has_joined(tmp_path):
+    alone = dist.FileStore(str(tmp_path / "alone"), 2)
+    with pytest.raises(TimeoutError, match="not every rank joined the group within 0s"):
+        _wait_for_every_rank(alone, 2, 0.2)  # the other rank never counts itself
+    store, other = (dist.FileStore(str(tmp_path / "pair"), 2) for _ in range(2))
+    late = threading.Timer(0.5, _wait_for_every_rank, (other, 2, 10.0))  # the other rank joins late
+    started = time.monotonic()
+    late.start()
+    try:
+        _wait_for_every_rank(store, 2, 10.0)
+        waited = time.monotonic() - started
+    finally:
+        late.join()
+    assert waited >= 0.45, f"returned after {waited:.2f}s, before the other rank joined at 0.5s"

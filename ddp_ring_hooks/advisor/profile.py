@@ -55,8 +55,6 @@ class BucketProfile:
     #: its own time on the link: from its start, or the end of the bucket before it on the link
     #: when that was later, to its end (:func:`service_ms`; what the replay's costs are fitted to)
     service_ms: float = 0.0
-    #: the hook's own time on DDP's thread, from its call to its return (0 before timeline version 6)
-    call_ms: float = 0.0
     #: how it was reduced (``dense``, ``sparse`` gathered, ``densified``, ``foreign``) and, for a
     #: sparse one, its stored rows and its size both ways (the timeline's, version 3; medians)
     kind: str = "dense"
@@ -217,7 +215,6 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
             comm_ms=statistics.median(s.buckets[i].comm_ms for s in steps),
             cpu_ms=statistics.median(s.buckets[i].cpu_ms for s in steps),
             service_ms=statistics.median(services[i] for services in per_step),
-            call_ms=statistics.median(s.buckets[i].call_ms for s in steps),
             kind=steps[-1].buckets[i].kind,
             **_sparse_sizes([s.buckets[i] for s in steps]),
         )
@@ -228,12 +225,12 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
     intervals = [[(b.ready_ms, b.end_ms) for b in s.buckets] for s in steps]
     comm = statistics.median(busy_ms(i) for i in intervals)
     hidden = statistics.median(busy_ms(i, until=s.backward_ms) for i, s in zip(intervals, steps))
-    hook = statistics.median(b.call_ms for s in steps for b in s.buckets)
+    call = statistics.median(b.call_ms for s in steps for b in s.buckets)  # the hook's, per bucket
     if k > 1:
         micro = statistics.median(m for s in steps for m in s.nosync_micro_ms)
         rest = step_ms - (k - 1) * micro - (forward + backward + exposed + optimizer)
         # the hook's calls are the synchronizing micro-batch's too, and not contention
-        contention = max(0.0, min(backward, forward + backward + rest - micro - calls_ms(hook, count)))
+        contention = max(0.0, min(backward, forward + backward + rest - micro - calls_ms(call, count)))
         source = "measured: the synchronizing micro-batch minus a no_sync one and the hook's calls"
     else:
         rest = step_ms - (forward + backward + exposed + optimizer)
@@ -252,7 +249,7 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
         contention_ms=contention, contention_source=source, buckets=buckets,
         nosync_micro_ms=micro if k > 1 else None, nodes=run.nodes, ring=run.ring,
         options=run.options, probe=run.probe, probe_algorithm=run.probe_algorithm, param_sparse=run.param_sparse,
-        link_busy_ms=(busy[0], statistics.median(busy), busy[-1]), call_ms=hook,
+        link_busy_ms=(busy[0], statistics.median(busy), busy[-1]), call_ms=call,
     )
 
 

@@ -195,14 +195,14 @@ def _model(profile: RunProfile, network: Network, setting: Setting, contention_p
     costs = [_scaled(bucket_cost(network, setting.algorithm, n, setting.world_size, **options), own.scale) for n in sizes]
     factor = bytes_factor(setting.algorithm, setting.world_size, **options)
     clean_backward = profile.backward_ms - profile.contention_ms - profile.calls_ms
-    hooks = calls_ms(profile.call_ms, len(sizes))  # the setting's hook calls, on backward's thread
+    calls = calls_ms(profile.call_ms, len(sizes))  # the setting's hook calls, on backward's thread
 
     def replayed(contention: float):
         """The queue once contention stretches backward's gradients (which moves the
         hand-overs), each bucket handed over after the hook's calls for the ones before it."""
         scale = (clean_backward + contention) / clean_backward if clean_backward > 0 else 1.0
         handed = [r * scale + i * profile.call_ms for i, r in enumerate(ready)]
-        backward = clean_backward + contention + hooks
+        backward = clean_backward + contention + calls
         return replay(handed, costs, lanes=profile.lanes, backward_ms=backward, shared_ways=own.shared_ways), backward
 
     contention = profile.contention_ms
@@ -211,7 +211,7 @@ def _model(profile: RunProfile, network: Network, setting: Setting, contention_p
         contention = contention_per_byte * factor * _hidden_bytes(sizes, lanes.starts, lanes.ends, backward)
     lanes, _ = replayed(contention)
     step = (setting.accumulate * profile.clean_micro_ms + profile.step_rest_ms + contention + lanes.exposed_ms
-            + profile.optimizer_ms + hooks - profile.calls_ms)
+            + profile.optimizer_ms + calls - profile.calls_ms)
     return _Raw(step, lanes.comm_ms, lanes.exposed_ms, contention, len(sizes))
 
 

@@ -40,6 +40,7 @@ streams may be out of step: this rank exchanges no more (and gathers no more).
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -111,11 +112,31 @@ class StepExchange:
         self._exchanges = 0
         self._warned = False
         self._broken = False
+        self._running = 0  # exchanges submitted and not yet finished
+        self._finished = threading.Condition()
 
     def submit(self, step, watchers: Sequence) -> None:
         """On the hook thread, after ``step``'s last bucket was launched (a
         :class:`~.watcher.StepWatch` with its Futures)."""
-        context_of(step.group).worker(EXCHANGE).submit(lambda: self._run(step, watchers))
+        with self._finished:
+            self._running += 1
+        context_of(step.group).worker(EXCHANGE).submit(lambda: self._run_and_count(step, watchers))
+
+    def settle(self, timeout_s: float) -> int:
+        """Wait, at most ``timeout_s`` seconds, until every exchange submitted so far has
+        finished (a summary read right after the last step then holds that step's arrivals
+        and links); the number still running."""
+        with self._finished:
+            self._finished.wait_for(lambda: self._running == 0, timeout_s)
+            return self._running
+
+    def _run_and_count(self, step, watchers: Sequence) -> None:
+        try:
+            self._run(step, watchers)
+        finally:
+            with self._finished:
+                self._running -= 1
+                self._finished.notify_all()
 
     def _run(self, step, watchers: Sequence) -> None:
         try:

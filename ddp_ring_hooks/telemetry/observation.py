@@ -71,6 +71,10 @@ WATCHERS: tuple[WatcherEntry, ...] = (
     WatcherEntry("profiler_ranges", lambda options, recorder: ProfilerRanges()),
 )
 
+#: A summary waits at most this long for the exchanges of the steps already taken (a peer that
+#: stopped answering must not hold up a summary for the group's timeout).
+SETTLE_S = 10.0
+
 
 class Observation:
     """Every watcher of one hook state's buckets (see the module docstring).
@@ -190,11 +194,16 @@ class Observation:
 
     def summary(self) -> str:
         """The recorder's table (:meth:`~.recorder.Telemetry.summary`), then every watcher's
-        line (:meth:`~.watcher.Watcher.summary_line`: stragglers, links, ...)."""
+        line (:meth:`~.watcher.Watcher.summary_line`: stragglers, links, ...). The exchanges of
+        the steps already taken finish first (at most :data:`SETTLE_S`): their lines hold them."""
+        running = self._exchange.settle(SETTLE_S)
         text = self.recorder.summary()
         if not self.recorder.watched:
             return text  # nothing watched: the table says how to ask for it
         lines = [watcher.summary_line() for watcher in self.watchers[1:]]
+        if running:
+            lines.append(f"({running} gathered steps' exchanges across ranks still running after {SETTLE_S:.0f} s: "
+                         "the lines above do not hold them yet)")
         return "\n".join([text, *(line for line in lines if line)])
 
     def stall_report(self) -> str | None:

@@ -136,7 +136,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--save", metavar="FILE", help="also write what was measured (every round's timeline and "
                                                        "block pairs) to FILE, for --load")
     parser.add_argument("--load", metavar="FILE", help="predict and compare again from a --save FILE instead of "
-                                                       "measuring (the advisor changed, the measurements did not)")
+                                                       "measuring (the advisor changed, the measurements did not); "
+                                                       "a lab run's file is judged as one (its targets, its world "
+                                                       "sizes) without --lab (files saved before 2026-12-03: add --lab)")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what the lab's hosts run again
     for name in ("run_ms", "pairs", "rounds", "block_ms"):
@@ -383,6 +385,8 @@ def main(argv=None) -> int:
     if args.worker:
         work_on_lab_host(args)
         return 0
+    loaded = load_measured(args.load) if args.load else None
+    args = as_saved(args, loaded)
     base, variants = variants_of(args)
     start = MachineLoad.now()
     where = (f"an emulated lab of {lab_hosts(args)} hosts on {args.link} links, the base on {args.nproc} of them"
@@ -390,7 +394,7 @@ def main(argv=None) -> int:
     print(f"# {where}; per round: a ~{args.run_ms / 1e3:.0f} s base run to predict from, then "
           f"{args.pairs} block pairs of ~{args.block_ms:.0f} ms per setting; {args.rounds} round(s); "
           f"load average {start.load_average:.1f} on {start.cores} cores at start")
-    measured = load_measured(args.load) if args.load else measure(args, base, variants)
+    measured = loaded if loaded is not None else measure(args, base, variants)
     if measured is None:
         return 2
     if args.save:
@@ -429,8 +433,18 @@ def measure(args, base: dict, variants: list) -> dict | None:
                 phases.setdefault(key, []).append(values)
         measured[model_name] = {"runs": runs, "pairs": [[knob, value, values] for (knob, value), values in pairs.items()],
                                 "phases": [[knob, value, values] for (knob, value), values in phases.items()],
-                                "seconds": time.perf_counter() - started}
+                                "seconds": time.perf_counter() - started,
+                                **({"lab": True, "link": args.link} if args.lab else {})}
     return measured
+
+
+def as_saved(args, loaded: dict | None):
+    """The arguments to judge ``loaded`` (a ``--save`` file) with: a lab run's (``"lab"`` in
+    its models' data) as a lab run, on its link, whether or not ``--lab`` was given."""
+    links = {data["link"] for data in (loaded or {}).values() if data.get("lab")}
+    if links and not args.lab:
+        return parse_args([*args.argv, "--lab", "--link", links.pop()])
+    return args
 
 
 def load_measured(path: str) -> dict:

@@ -745,6 +745,18 @@ def test_the_accuracy_benchmark_ends_with_a_verdict_per_model_and_target():
 
 
 @pytest.mark.fast
+@pytest.mark.fast
+def test_a_saved_lab_run_is_judged_as_a_lab_run_without_lab():
+    """``--load`` of a lab run's file once printed loopback's header and worst target (15%, not
+    10%) and no world-size rows unless ``--lab`` was given again."""
+    advisor_accuracy = accuracy_benchmark()
+    args = advisor_accuracy.as_saved(advisor_accuracy.parse_args(["--load", "lab.json"]),
+                                     {"mlp_wide": {"runs": [], "lab": True, "link": "100Mbit"}})
+    assert args.lab and args.link == "100Mbit" and args.world_sizes == [3, 4, 6, 8] and args.load == "lab.json"
+    loopback = advisor_accuracy.parse_args(["--load", "loopback.json"])
+    assert advisor_accuracy.as_saved(loopback, {"mlp": {"runs": []}}) is loopback
+
+
 def test_the_accuracy_benchmark_on_the_lab_measures_world_sizes_and_refuses_bad_input(capsys):
     advisor_accuracy = accuracy_benchmark()
     args = advisor_accuracy.parse_args(["--lab"])

@@ -120,7 +120,11 @@ class StepExchange:
         :class:`~.watcher.StepWatch` with its Futures)."""
         with self._finished:
             self._running += 1
-        context_of(step.group).worker(EXCHANGE).submit(lambda: self._run_and_count(step, watchers))
+        try:
+            context_of(step.group).worker(EXCHANGE).submit(lambda: self._run_and_count(step, watchers))
+        except BaseException:
+            self._one_finished()
+            raise
 
     def settle(self, timeout_s: float) -> int:
         """Wait, at most ``timeout_s`` seconds, until every exchange submitted so far has
@@ -134,9 +138,12 @@ class StepExchange:
         try:
             self._run(step, watchers)
         finally:
-            with self._finished:
-                self._running -= 1
-                self._finished.notify_all()
+            self._one_finished()
+
+    def _one_finished(self) -> None:
+        with self._finished:
+            self._running -= 1
+            self._finished.notify_all()
 
     def _run(self, step, watchers: Sequence) -> None:
         try:

@@ -495,6 +495,31 @@ def test_two_ranks_then_advise_json_reads_the_log_dir(tmp_path):
 
 
 @pytest.mark.fast
+def test_the_communication_cpu_contention_follows_is_a_part_per_bucket_and_a_part_per_byte():
+    """The workers' CPU per bucket (``cpu_ms``) is fitted as a part per bucket and a part per
+    byte, the shape contention grows with: a bucket of four times the bytes costs one bucket's
+    part plus four times the bytes' (per byte alone, MLP 1's 4 MB cap was priced 4.7 ms of
+    contention where its backward grew by none). A run that timed no CPU falls back to the bytes."""
+    import dataclasses
+
+    from ddp_ring_hooks.advisor.step_model import CommCpu, comm_cpu
+
+    def run_with_cpu(cpus):
+        run, *steps = timeline(ready=[2.0, 20.0], k=2, micro=27.0)
+        return profile_run([run, *(dataclasses.replace(step, buckets=tuple(
+            dataclasses.replace(b, cpu_ms=c) for b, c in zip(step.buckets, cpus))) for step in steps)])
+
+    fitted = comm_cpu(run_with_cpu([0.5, 0.9]))  # 1 MiB: 0.5 ms, 3 MiB: 0.9 ms
+    assert fitted.per_bucket_ms == pytest.approx(0.3) and fitted.per_byte_ms * MIB == pytest.approx(0.2)
+    assert fitted.of(4 * MIB) == pytest.approx(0.3 + 0.8)
+    # Never a negative part: CPU that falls with the bytes is all per bucket, one that would
+    # start below 0 all per byte.
+    assert comm_cpu(run_with_cpu([0.9, 0.5])) == CommCpu(pytest.approx(0.7), 0.0)
+    assert comm_cpu(run_with_cpu([0.1, 1.0])) == CommCpu(0.0, pytest.approx(0.55 / (2 * MIB)))
+    assert comm_cpu(run_with_cpu([0.0, 0.0])) == CommCpu(0.0, 1.0)
+
+
+@pytest.mark.fast
 def test_contention_grows_with_what_the_busiest_rank_sends():
     """Ring and tree at 2 ranks each send the buffer once per rank (tree's formula counts it
     twice on the critical path); naive's master sends it to every peer."""

@@ -20,10 +20,11 @@
    before the last holds backward for the hook's time (the run's median per bucket,
    ``RunProfile.call_ms``), so a setting of ``N`` buckets pays ``N - 1`` calls, once per step.
 5. **Contention.** On CPU, hidden communication still costs backward time: the communication
-   threads copy and add bytes on the same cores. The run measured it (:mod:`.profile`); it is
-   taken to grow with the bytes moved while backward runs (``bytes_factor · bucket bytes``,
-   for each bucket the share of its transfer that overlaps backward). Backward stretches by
-   it, which moves the hand-over times: a few rounds of lanes settle it.
+   threads run on the same cores. The run measured it (:mod:`.profile`); it is taken to grow
+   with the communication thread's CPU time while backward runs (:class:`CommCpu`, fitted to
+   the run's buckets: a part per bucket and a part per byte, the bytes ``bytes_factor`` times
+   the run's; for each bucket the share of its transfer that overlaps backward). Backward
+   stretches by it, which moves the hand-over times: a few rounds of lanes settle it.
 6. **Calibrated on the run.** The model of the run's own setting is compared with what the
    run measured; the differences (the exposed time the α-β queue does not explain: hook
    start-up, waiting for the slower rank; the communication time likewise; the contention
@@ -149,13 +150,47 @@ def dense_parameters(profile: RunProfile, sparse: list[SparseBucket]) -> tuple[l
     return params, dtypes
 
 
-def _hidden_bytes(sizes, starts, ends, backward_ms: float) -> float:
-    """Bucket bytes weighted by the share of each transfer that overlaps backward."""
+@dataclass(frozen=True)
+class CommCpu:
+    """The communication thread's CPU time for one bucket (ms), fitted to the run's buckets
+    (:attr:`~.profile.BucketProfile.cpu_ms`): a part per bucket (the job's own work: its
+    schedule, its Futures, the interpreter lock) and a part per byte moved (copies, sums)."""
+
+    per_bucket_ms: float
+    per_byte_ms: float
+
+    def of(self, nbytes: float) -> float:
+        return self.per_bucket_ms + self.per_byte_ms * nbytes
+
+
+def comm_cpu(profile: RunProfile) -> CommCpu:
+    """:class:`CommCpu` by least squares over the run's buckets, both parts at least 0; with
+    one bucket size, all of it per byte; where the run timed no CPU (every bucket's 0), the
+    bytes alone (1 ms a byte: only the shape matters, the run calibrates the size)."""
+    points = [(float(_nbytes(priced(b))), b.cpu_ms) for b in profile.buckets]
+    if not any(cpu > 0 for _, cpu in points):
+        return CommCpu(0.0, 1.0)
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n if n else 0.0
+    mean_y = sum(y for _, y in points) / n if n else 0.0
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    if spread > 0:
+        slope = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in points) / spread)
+        intercept = mean_y - slope * mean_x
+        if intercept >= 0:
+            return CommCpu(intercept, slope)
+    return CommCpu(0.0, mean_y / mean_x if mean_x > 0 else 0.0)
+
+
+def _hidden_cpu(sizes, starts, ends, backward_ms: float, cpu: CommCpu, scale: float) -> float:
+    """The communication thread's CPU behind backward: each bucket's (its bytes ``scale`` times:
+    the setting's bytes moved over the run's), weighted by the share of its transfer that
+    overlaps backward."""
     total = 0.0
     for n, start, end in zip(sizes, starts, ends):
         if end <= start:
             continue
-        total += _nbytes(n) * min(1.0, max(0.0, (min(end, backward_ms) - start) / (end - start)))
+        total += cpu.of(_nbytes(n) * scale) * min(1.0, max(0.0, (min(end, backward_ms) - start) / (end - start)))
     return total
 
 
@@ -188,12 +223,15 @@ class OwnLink:
 FULL_DUPLEX = OwnLink()
 
 
-def _model(profile: RunProfile, network: Network, setting: Setting, contention_per_byte: float,
+def _model(profile: RunProfile, network: Network, setting: Setting, contention_per_cpu_ms: float,
            own: OwnLink = FULL_DUPLEX) -> _Raw:
     sizes, ready = _layout(profile, setting)
     options = setting_options(profile, setting)
     costs = [_scaled(bucket_cost(network, setting.algorithm, n, setting.world_size, **options), own.scale) for n in sizes]
-    factor = bytes_factor(setting.algorithm, setting.world_size, **options)
+    run = run_setting(profile)
+    run_factor = bytes_factor(run.algorithm, run.world_size, **setting_options(profile, run))
+    scale = bytes_factor(setting.algorithm, setting.world_size, **options) / run_factor if run_factor > 0 else 1.0
+    cpu = comm_cpu(profile)
     clean_backward = profile.backward_ms - profile.contention_ms - profile.calls_ms
     calls = calls_ms(profile.call_ms, len(sizes))  # the setting's hook calls, on backward's thread
 
@@ -208,7 +246,7 @@ def _model(profile: RunProfile, network: Network, setting: Setting, contention_p
     contention = profile.contention_ms
     for _ in range(3):  # a few rounds settle it
         lanes, backward = replayed(contention)
-        contention = contention_per_byte * factor * _hidden_bytes(sizes, lanes.starts, lanes.ends, backward)
+        contention = contention_per_cpu_ms * _hidden_cpu(sizes, lanes.starts, lanes.ends, backward, cpu, scale)
     lanes, _ = replayed(contention)
     step = (setting.accumulate * profile.clean_micro_ms + profile.step_rest_ms + contention + lanes.exposed_ms
             + profile.optimizer_ms + calls - profile.calls_ms)
@@ -257,16 +295,16 @@ def shared_ways(profile: RunProfile) -> float | None:
                                      **setting_options(profile, setting)))
 
 
-def contention_per_byte(profile: RunProfile, network: Network) -> float:
-    """The run's contention per byte moved behind backward (ms per byte), in the run's own lanes."""
+def contention_per_cpu_ms(profile: RunProfile, network: Network) -> float:
+    """The run's contention per millisecond of communication CPU behind backward, in the run's
+    own lanes (:class:`CommCpu`)."""
     setting = run_setting(profile)
     sizes = [priced(b) for b in profile.buckets]
     options = setting_options(profile, setting)
     costs = [bucket_cost(network, setting.algorithm, n, setting.world_size, **options) for n in sizes]
     lanes = replay([b.ready_ms for b in profile.buckets], costs, lanes=profile.lanes, backward_ms=profile.backward_ms,
                    shared_ways=shared_ways(profile))
-    moved = bytes_factor(setting.algorithm, setting.world_size, **options) * _hidden_bytes(
-        sizes, lanes.starts, lanes.ends, profile.backward_ms)
+    moved = _hidden_cpu(sizes, lanes.starts, lanes.ends, profile.backward_ms, comm_cpu(profile), 1.0)
     return profile.contention_ms / moved if moved > 0 else 0.0
 
 
@@ -286,7 +324,7 @@ class StepModel:
 
     def predict(self, setting: Setting) -> Prediction:
         """The predicted step of ``setting`` (see the module docstring)."""
-        per_byte = contention_per_byte(self.profile, self.run_network)
+        per_cpu_ms = contention_per_cpu_ms(self.profile, self.run_network)
         # Calibrated on the run with the network that prices the prediction when it was measured
         # here (the run's buckets, its probe): the run's own setting then comes out exactly. Such
         # a network is this run's link: scaled to the link time the run measured, on one host
@@ -294,8 +332,8 @@ class StepModel:
         calibrated_with = self.network if self.network.here else self.run_network
         ways = shared_ways(self.profile)
         own = OwnLink(link_scale(self.profile, self.network, self.link_busy), ways) if self.network.here else None
-        here = _model(self.profile, calibrated_with, run_setting(self.profile), per_byte, own or OwnLink(1.0, ways))
-        raw = _model(self.profile, self.network, setting, per_byte, own or FULL_DUPLEX)
+        here = _model(self.profile, calibrated_with, run_setting(self.profile), per_cpu_ms, own or OwnLink(1.0, ways))
+        raw = _model(self.profile, self.network, setting, per_cpu_ms, own or FULL_DUPLEX)
         exposed = max(0.0, raw.exposed_ms + (self.profile.exposed_ms - here.exposed_ms))
         # Contention the bytes moved behind backward do not explain (measured with nothing
         # hidden: the synchronizing micro-batch's own overhead) is a constant of the step, too.

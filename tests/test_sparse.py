@@ -369,9 +369,10 @@ def test_the_advisors_sparse_verdict_matches_both_ways_measured(sparse_runs):
 
 
 @pytest.mark.fast
-def test_the_verdict_prices_on_the_probes_fastest_blocks_then_its_median_then_the_runs_own_fit():
-    """A disturbed probe whose fastest blocks leave a cost at 0 falls back to its median blocks
-    (two sizes still), and only when those do too to the run's own fit (one size), each named."""
+def test_the_verdict_prices_on_the_probes_fastest_blocks_then_its_own_fit_then_the_runs():
+    """A disturbed probe whose fastest blocks leave a cost at 0 falls back to its own fit (each
+    size's lower quartile: two sizes still), and only when that does too to the run's own fit
+    (one size), each named."""
     import dataclasses
     from types import SimpleNamespace
 
@@ -384,15 +385,15 @@ def test_the_verdict_prices_on_the_probes_fastest_blocks_then_its_median_then_th
 
     run_fit = network(1e-3, 1e-9)
 
-    def priced_on(fastest: Network, median: Network) -> tuple[Network, str]:
-        probe = dataclasses.replace(median, bounds=(fastest, network(9e-5, 2e-9)))
+    def priced_on(fastest: Network, quartile: Network) -> tuple[Network, str]:
+        probe = dataclasses.replace(quartile, bounds=(fastest, network(9e-5, 2e-9)))
         found, name = verdict_network(SimpleNamespace(network=probe, profile=SimpleNamespace(algorithm="ring"),
                                                       run_network=run_fit))
-        return {id(fastest): "fastest", id(probe): "median", id(run_fit): "run"}[id(found)], name
+        return {id(fastest): "fastest", id(probe): "quartile", id(run_fit): "run"}[id(found)], name
 
     assert priced_on(network(5e-5, 1e-9), network(6e-5, 1e-9)) == ("fastest", FASTEST)
     where, name = priced_on(network(0.0, 1e-9), network(6e-5, 1e-9))
-    assert where == "median" and name.startswith("the probe's median blocks")
+    assert where == "quartile" and name.startswith("the probe's lower quartile blocks")
     where, name = priced_on(network(5e-5, 0.0), network(0.0, 1e-9))
     assert where == "run" and name.startswith("this run's buckets") and "trust the direction" in name
 

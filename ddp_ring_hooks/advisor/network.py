@@ -6,7 +6,7 @@ priced with its registry record's formula, ``formula_for``: ``native`` with the 
 
 - :func:`from_probe`: α, β and γ fitted to the short probe every rank ran when the hook was
   registered (:mod:`~ddp_ring_hooks.runtime.network_probe`: the run's algorithm at a few sizes,
-  on its wire and on the other), with the error bar of the probe's fastest and slowest blocks
+  on its wire and on the other), with the error bar of the probe's fastest and median blocks
   (``Network.bounds``). What the advisor uses when the run has one.
 - :func:`from_run`: α and β fitted to this run's own buckets (``(nbytes, time)`` of each
   bucket, median over steps) with the run algorithm's formula. These are *in-training*
@@ -204,8 +204,9 @@ def from_probe(
     samples: Iterable[ProbeSample], *, algorithm: str, world_size: int, options: Mapping[str, object] | None = None,
 ) -> Network:
     """α, β, γ fitted to the probe's ``samples`` (``algorithm`` timed with ``options`` on
-    ``world_size`` ranks when the hook was registered), with the error bar of its fastest and
-    slowest blocks. Every algorithm is priced with these links through its own formula."""
+    ``world_size`` ranks when the hook was registered: each size's lower quartile block,
+    :class:`~ddp_ring_hooks.cost_model.ProbeFit`), with the error bar of its fastest and median
+    blocks. Every algorithm is priced with these links through its own formula."""
     samples = list(samples)
     formula = _formula(algorithm)
     shaping = {k: v for k, v in (options or {}).items()}
@@ -213,19 +214,29 @@ def from_probe(
     sizes = sorted({s.nbytes for s in samples})
     wires = sorted({s.wire for s in samples})
     links = fitted.links
-    scatter = max(((max(s.seconds) - min(s.seconds)) / statistics.median(s.seconds) for s in samples if s.seconds),
+    scatter = max(((statistics.median(s.seconds) - min(s.seconds)) / min(s.seconds) for s in samples if s.seconds),
                   default=0.0)
     per_call = f" + {links.per_call * 1e6:.0f} us per call" if any(s.algorithm for s in samples) else ""
     source = (f"probed when the hook was registered: {algorithm} at {_size(sizes[0])}-{_size(sizes[-1])} on "
               f"{' and '.join(wires)}; alpha {links.alpha * 1e6:.0f} us{per_call}, {_rate(links.beta)}, cast "
-              f"{links.gamma * 1e9:.2f} ns/B; its blocks scattered by up to {scatter:.0%} of their median "
-              f"(each row's speedup_range)")
+              f"{links.gamma * 1e9:.2f} ns/B (each size's lower quartile block); its blocks' median lay up to "
+              f"{scatter:.0%} above their fastest (each row's speedup_range){_unpriced(links)}")
 
     def network(found: Links, note: str) -> Network:
         return Network({ANY: found}, note, here=True)
 
     return Network({ANY: links}, source, here=True, bounds=(network(fitted.fastest, "the probe's fastest blocks"),
-                                                 network(fitted.slowest, "the probe's slowest blocks")))
+                                                 network(fitted.slowest, "the probe's median blocks")))
+
+
+def _unpriced(links: Links) -> str:
+    """What the source says of a fit that left a cost at 0: a probe whose blocks were disturbed
+    past the lower quartile (four ranks on two cores: every block), whose rows price that term free."""
+    missing = [name for name, value in (("the bytes (beta)", links.beta), ("a message (alpha)", links.alpha)) if value <= 0]
+    if not missing:
+        return ""
+    return (f"; WARNING: its blocks left {' and '.join(missing)} at 0, priced free in every row (more than three "
+            f"in four blocks disturbed): rerun on quieter cores, or give --network")
 
 
 def _size(nbytes: int) -> str:

@@ -29,7 +29,8 @@ least load on it, and a slowdown common to both ways cancels in their ratio. Mea
 densify/gather 12-45 against 13-21 measured on a 100000 x 64 table, 0.67-0.71 against 0.53-0.62
 on a 1000 x 64 one; on the lab (400 Mbit/s) 165-188 against 184-203, 0.94-0.98 against 0.68-0.85.
 When even the fastest blocks leave ``α`` or ``β`` at 0 (all three small blocks disturbed: 2 of
-12 verdicts on loopback), the probe's median blocks price both ways if they give both, else the
+12 verdicts on loopback, when a size had three), the probe's own fit (each size's lower
+quartile block) prices both ways if it gives both, else the
 run's own fit (the other way extrapolated from one size: 1 of 4 verdicts of a fresh-clone CI run
 read a table densifying wins by 1.3-4x as a close call the other way); the line says which.
 
@@ -60,13 +61,13 @@ def verdict_network(model: StepModel) -> tuple[Network, str]:
     """The network both ways are priced on, and how the line names it (the module docstring):
     the probe's fastest blocks unless they leave the per-message or the per-byte cost at zero
     (a probe whose small blocks were all disturbed: ``β = 0`` prices any table as free), then
-    its median blocks, then this run's own buckets."""
+    its own fit (each size's lower quartile block), then this run's own buckets."""
     network = model.network
     if not network.here:
         return network, "the network given"
     if network.bounds is not None:
         candidates = ((network.bounds[0], FASTEST),
-                      (network, "the probe's median blocks (its fastest left a cost at 0: a disturbed probe)"))
+                      (network, "the probe's lower quartile blocks (its fastest left a cost at 0: a disturbed probe)"))
         for candidate, name in candidates:
             links = candidate.calibration(model.profile.algorithm)
             if (links.alpha > 0 or links.per_call > 0) and links.beta > 0:

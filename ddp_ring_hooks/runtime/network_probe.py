@@ -6,11 +6,13 @@ world is priced with it. So, as ``auto`` calibrates, every rank takes part in a 
 when :func:`~ddp_ring_hooks.register` attaches the hook (collective, the same on every rank)::
 
     for each size in PROBE_SIZES, on the run's own algorithm and wire:     (α, β: the timeline
-        one warm-up, then PROBE_REPEATS blocks of PROBE_CALLS all-reduces    records the block
-        (a barrier before each block; a block counts for its slowest rank)    times, the advisor
-    the other wire (bf16 for an fp32 run, fp32 for a narrower one), at the   fits them, and the
-    WIRE_SIZES only: what the casts cost (γ)                                 blocks' spread is
-    MESSAGES_PROBE at the small size: more messages in one call (per call)   its error bar)
+        one warm-up, then PROBE_REPEATS blocks of PROBE_CALLS all-reduces,   records the block
+        more while they took under PROBE_BUDGET_S (at most PROBE_MOST)       times, the advisor
+        (a barrier before each block; a block counts for its slowest rank)    fits each size's
+    the other wire (bf16 for an fp32 run, fp32 for a narrower one), at the   lower quartile, and
+    WIRE_SIZES only: what the casts cost (γ)                                 its fastest and
+    MESSAGES_PROBE at the small size: more messages in one call (per call)   median are its
+                                                                             error bar)
 
 1. The calls go through the executors the hook uses (:func:`~.selection.time_all_reduce_blocks`,
    ``auto``'s own timing), so the probe's α holds the executor's per-step overheads.
@@ -18,7 +20,15 @@ when :func:`~ddp_ring_hooks.register` attaches the hook (collective, the same on
    numbers: nothing to broadcast.
 3. Sizes: a small one (the per-message cost) and 2 MiB, large enough on a shaped link that the
    shaper's burst (5 ms of the rate on the lab) is a few percent of a block; the other wire at
-   2 MiB only. Three blocks of one call each (after one warm-up call per size).
+   2 MiB only. Blocks of one call each, after one warm-up call per size: three, then more
+   while the size's blocks took under 30 ms in all, up to 15. On 2-core loopback a block now
+   and then waits out another thread's time slice (2-7 ms where its neighbours took 0.3-0.6),
+   and with three blocks two such made the median: a 16 KiB median of 6.9 ms, slower than
+   2 MiB's, fitted β = 0 (bandwidth unbounded) in two of six runs, and every row's bytes free
+   (``docs/advisor.md``, the eighth series). A quick size gets up to 15 blocks, and the fit
+   takes each size's lower quartile (:class:`~ddp_ring_hooks.cost_model.ProbeFit`), which
+   holds until three in four of them are disturbed; a 2 MiB block on the lab's 400 Mbit/s
+   takes 42 ms, so there it keeps three, and the probe its time.
 4. A second message count at the small size (:data:`MESSAGES_PROBE`: the double binary tree
    cut into 8 segments, 16 messages at p = 2 against the ring's 2): a call's own hand-offs
    (the executor giving it to its worker and taking it back) cost once per call, its messages
@@ -26,7 +36,7 @@ when :func:`~ddp_ring_hooks.register` attaches the hook (collective, the same on
    was priced as many calls (on loopback, 2 ranks: a 16 KiB call of 2 messages 0.8 ms, of 16
    3.6 ms, of 64 12.2 ms: 0.44 ms per call and 0.18 ms per message, where one count read
    0.40 ms per message). Not timed for ``native`` (the group's own call, not the executor's).
-   16 all-reduces in all (12 for ``native``).
+   16 all-reduces at least (12 for ``native``).
 
 What it costs is measured in ``docs/advisor.md`` (p = 2 and 4, loopback and the lab): the
 2 MiB blocks decide it. ``network_probe=False`` (a ``register`` / ``HookState`` option) turns it
@@ -56,12 +66,16 @@ from .selection import time_all_reduce_blocks
 PROBE_SIZES = (16 * 1024, 2 * 1024 * 1024)
 #: The sizes the other wire dtype is timed at (γ: what the casts cost, on top of the bytes).
 WIRE_SIZES = (2 * 1024 * 1024,)
-#: Blocks per size (their fastest and slowest are the error bar) and calls per block.
+#: Blocks per size, at least, and calls per block (the fit takes each size's lower quartile;
+#: its fastest and its median are the error bar).
 PROBE_REPEATS, PROBE_CALLS = 3, 1
+#: More blocks of a size while its blocks took less than this in all, up to PROBE_MOST (point 3).
+PROBE_BUDGET_S, PROBE_MOST = 0.03, 15
 #: The wire dtype timed beside an fp32 run's (and fp32 beside a narrower run's).
 OTHER_WIRE = "bf16"
 #: The schedule timed at the small size for a second message count (point 4 of the module docstring).
 MESSAGES_PROBE = MANY_MESSAGES
+_BLOCKS = {"calls": PROBE_CALLS, "budget_s": PROBE_BUDGET_S, "most": PROBE_MOST}
 
 
 def probe_network(
@@ -87,11 +101,11 @@ def probe_network(
     for wire, sizes in ((wire_of(options), PROBE_SIZES), (other, WIRE_SIZES)):
         wired = with_wire(options, wire)
         for nbytes in sizes:
-            seconds = time_all_reduce_blocks(algorithm, wired, nbytes, group, device, PROBE_REPEATS, calls=PROBE_CALLS)
+            seconds = time_all_reduce_blocks(algorithm, wired, nbytes, group, device, PROBE_REPEATS, **_BLOCKS)
             samples.append(ProbeSample(nbytes, wire, tuple(seconds)))
     if has_schedule(algorithm):
         counted, counted_options = MESSAGES_PROBE
         wired = with_wire(dict(counted_options), wire_of(options))
-        seconds = time_all_reduce_blocks(counted, wired, PROBE_SIZES[0], group, device, PROBE_REPEATS, calls=PROBE_CALLS)
+        seconds = time_all_reduce_blocks(counted, wired, PROBE_SIZES[0], group, device, PROBE_REPEATS, **_BLOCKS)
         samples.append(ProbeSample(PROBE_SIZES[0], wire_of(options), tuple(seconds), counted, counted_options))
     return tuple(samples)

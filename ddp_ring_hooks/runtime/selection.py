@@ -123,7 +123,7 @@ def _time_all_reduce(algorithm: str, options: Mapping, nbytes: int, group, devic
 
 def time_all_reduce_blocks(
     algorithm: str, options: Mapping, nbytes: int, group, device: torch.device, repeats: int,
-    *, calls: int = CALLS_PER_BLOCK,
+    *, calls: int = CALLS_PER_BLOCK, budget_s: float = 0.0, most: int | None = None,
 ) -> list[float]:
     """Seconds per all-reduce of ``nbytes`` in each of ``repeats`` blocks, through the executors
     the hook uses, on the wire the options name (the casts are timed too). Collective; every
@@ -132,7 +132,10 @@ def time_all_reduce_blocks(
     After one warm-up, ``repeats`` blocks of ``calls`` calls, each block started by a barrier;
     a block counts for its slowest rank (an all-reduce is over when the last rank is done).
     Timing rank 0 alone would reward algorithms that finish early on rank 0 and make the
-    choice disagree with the benchmark. (Also the advisor's probe:
+    choice disagree with the benchmark. Then, with a ``budget_s``, more blocks while those so
+    far took less than it in all, up to ``most``: a quick size gets enough blocks for a median
+    that one preempted block cannot move, a slow one (a shaped link) only ``repeats``. Every
+    rank holds the same block times, so every rank decides alike. (Also the advisor's probe:
     :mod:`~ddp_ring_hooks.runtime.network_probe`.)
     """
     buffer = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
@@ -142,10 +145,10 @@ def time_all_reduce_blocks(
     else:
         wire = wire_dtype_for(buffer.dtype, resolve_options(algorithm, options))
         call = lambda: run_native(buffer, group=group, wire=wire).wait()  # noqa: E731
-    return [
-        time_calls(call, device, warmup=1 if block == 0 else 0, iters=calls, group=group)
-        for block in range(repeats)
-    ]
+    blocks: list[float] = []
+    while len(blocks) < repeats or (len(blocks) < (most or repeats) and sum(blocks) * calls < budget_s):
+        blocks.append(time_calls(call, device, warmup=0 if blocks else 1, iters=calls, group=group))
+    return blocks
 
 
 def _calibration_check(value: object) -> str | None:

@@ -581,9 +581,10 @@ def test_lightning_prints_the_advice_at_the_end_of_fit_on_rank_0(tmp_path):
     panels = EventAccumulator(str(tmp_path / "run"), size_guidance={"tensors": 0}).Reload().Tags()["tensors"]
     assert "comm/advice/text_summary" in panels
     assert profile.accumulate == 2 and len(profile.buckets) > 1
-    # The rest is a difference of medians, so noise moves it by a few percent of the step;
-    # counting forward and backward as optimizer time made it -57 ms of a ~100 ms step.
-    assert profile.rest_ms > -0.1 * profile.step_ms and profile.optimizer_ms < profile.forward_ms + profile.backward_ms
+    # The rest is a difference of medians of a few steps, so noise moves it: -3.4 ms of a 27 ms
+    # step (-13%) with the whole suite on the other core; counting forward and backward as
+    # optimizer time made it -57 ms of a ~100 ms step (-57%).
+    assert profile.rest_ms > -0.25 * profile.step_ms and profile.optimizer_ms < profile.forward_ms + profile.backward_ms
 
 
 @pytest.mark.fast

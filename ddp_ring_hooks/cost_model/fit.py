@@ -168,8 +168,7 @@ class ProbeSample:
 
     ``algorithm`` (with its ``options``, as ``(name, value)`` pairs) when the block timed
     another schedule than the run's (``""``): the probe's second message count at one size,
-    which tells the per-call cost from the per-message one (:func:`fit_probe`), or ``native``,
-    the group's own all-reduce (priced from its own fit)."""
+    which tells the per-call cost from the per-message one (:func:`fit_probe`)."""
 
     nbytes: int
     wire: str

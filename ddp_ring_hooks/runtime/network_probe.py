@@ -24,7 +24,7 @@ when :func:`~ddp_ring_hooks.register` attaches the hook (collective, the same on
    while the size's blocks took under 30 ms in all, up to 15. On 2-core loopback a block now
    and then waits out another thread's time slice (2-7 ms where its neighbours took 0.3-0.6),
    and with three blocks two such made the median: a 16 KiB median of 6.9 ms, slower than
-   2 MiB's, fitted β = 0 (bandwidth unbounded) in two of six runs, and every row's bytes free
+   2 MiB's, fitted β = 0 (bandwidth unbounded) in three of six runs, and every row's bytes free
    (``docs/advisor.md``, the eighth series). A quick size gets up to 15 blocks, and the fit
    takes each size's lower quartile (:class:`~ddp_ring_hooks.cost_model.ProbeFit`), which
    holds until three in four of them are disturbed; a 2 MiB block on the lab's 400 Mbit/s

@@ -133,8 +133,8 @@ def time_all_reduce_blocks(
     a block counts for its slowest rank (an all-reduce is over when the last rank is done).
     Timing rank 0 alone would reward algorithms that finish early on rank 0 and make the
     choice disagree with the benchmark. Then, with a ``budget_s``, more blocks while those so
-    far took less than it in all, up to ``most``: a quick size gets enough blocks for a median
-    that one preempted block cannot move, a slow one (a shaped link) only ``repeats``. Every
+    far took less than it in all, up to ``most``: a quick size gets enough blocks that a few
+    preempted ones cannot move its lower quartile, a slow one (a shaped link) only ``repeats``. Every
     rank holds the same block times, so every rank decides alike. (Also the advisor's probe:
     :mod:`~ddp_ring_hooks.runtime.network_probe`.)
     """

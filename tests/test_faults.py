@@ -146,10 +146,14 @@ def test_survivors_of_a_killed_rank_fail_fast_naming_hook_bucket_and_peer():
         assert "restart the job from its last checkpoint" in message, message
         # A dead peer closes its sockets, and gloo notices at once.
         assert outcome["seconds"] < FAIL_FAST_S, (rank, outcome["seconds"])
-    # The victim's ring neighbours were waiting for the victim itself.
+    # The victim's ring neighbours: rank 0 receives from the victim and waits for it. Rank 1
+    # sends to the victim and receives from rank 0: its send can sit whole in the socket's
+    # buffer, and then it waits on rank 0, which failed on the victim first and closed its
+    # connections (seen once in a fresh-clone CI run, the suite on the other core).
     assert f"waiting to receive from rank {VICTIM}" in survivors[0]["message"] or \
         f"waiting to send to rank {VICTIM}" in survivors[0]["message"]
-    assert f"rank {VICTIM}" in survivors[VICTIM - 1]["message"]
+    beside = survivors[VICTIM - 1]["message"]
+    assert f"rank {VICTIM}" in beside or "waiting to receive from rank 0" in beside, beside
 
 
 @pytest.mark.solo

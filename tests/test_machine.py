@@ -34,6 +34,9 @@ def test_a_busy_start_is_said_next_to_the_numbers():
     assert "\nbusy at start: other work held 3.4 of 2 cores, so every timing above includes waiting for a core" in busy
     stolen = describe_load(reading(0.2), reading(2.0, steal=50, busy_ticks=50), own_processes=2)
     assert "CPU steal 50.0% during the run\nthe hypervisor took cores away" in stolen
+    # a trace of steal (0.04%, printed as 0.0%) is no reason to say every timing stretched
+    trace = describe_load(reading(0.2), reading(2.0, steal=4, busy_ticks=10000), own_processes=2)
+    assert trace.endswith("CPU steal 0.0% during the run"), trace
     assert load_record(reading(3.4), reading(5.0)) == {
         "load_average_start": 3.4, "load_average_end": 5.0, "cores": 2, "steal_fraction": 0.0, "busy_at_start": True}
 

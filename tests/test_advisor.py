@@ -1020,7 +1020,7 @@ def _link_scattered(records, factors):
 @pytest.mark.fast
 @pytest.mark.parametrize("where", ["one host", "two hosts"])
 def test_a_row_whose_error_bar_is_wider_than_its_gain_says_so_and_is_not_recommended(where):
-    """The error bar: the network at the middle half of the probe's blocks (on one host, as the
+    """The error bar: the network at the probe's fastest and median blocks (on one host, as the
     probe read them); on two hosts each also scaled to the run's fastest and slowest step on its
     link (the run measures its own wire's rate), so there the run's scatter makes it wide."""
     records = timeline(ready=[20.0, 20.0], steps=5)

@@ -229,10 +229,18 @@ def from_probe(
                                                  network(fitted.slowest, "the probe's median blocks")))
 
 
+def unpriced_costs(links: Links) -> list[str]:
+    """The costs a fit left at 0, which every row then prices free: the bytes (``β``), a message
+    (``α`` and the per-call cost both). A disturbed probe's sign (and the sparse verdict's test
+    of a network it can price both ways on)."""
+    free = ["the bytes (beta)"] if links.beta <= 0 else []
+    return free + (["a message (alpha and per call)"] if links.alpha <= 0 and links.per_call <= 0 else [])
+
+
 def _unpriced(links: Links) -> str:
     """What the source says of a fit that left a cost at 0: a probe whose blocks were disturbed
-    past the lower quartile (four ranks on two cores: every block), whose rows price that term free."""
-    missing = [name for name, value in (("the bytes (beta)", links.beta), ("a message (alpha)", links.alpha)) if value <= 0]
+    past the lower quartile (four ranks on two cores: every block)."""
+    missing = unpriced_costs(links)
     if not missing:
         return ""
     return (f"; WARNING: its blocks left {' and '.join(missing)} at 0, priced free in every row (more than three "

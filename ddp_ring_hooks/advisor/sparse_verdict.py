@@ -41,7 +41,7 @@ result, as the run times it.
 
 from __future__ import annotations
 
-from .network import DENSIFY, GATHER, Network, SparseBucket
+from .network import DENSIFY, GATHER, Network, SparseBucket, unpriced_costs
 from .step_model import StepModel, priced, run_setting, setting_options
 
 #: A predicted ratio this close to 1 is a close call: the α-β-γ prices leave out what the
@@ -70,7 +70,7 @@ def verdict_network(model: StepModel) -> tuple[Network, str]:
                       (network, "the probe's lower quartile blocks (its fastest left a cost at 0: a disturbed probe)"))
         for candidate, name in candidates:
             links = candidate.calibration(model.profile.algorithm)
-            if (links.alpha > 0 or links.per_call > 0) and links.beta > 0:
+            if not unpriced_costs(links):
                 return candidate, name
         reason = "the probe's blocks left its per-message or per-byte cost at 0 (a disturbed probe)"
     else:

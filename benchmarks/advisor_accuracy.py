@@ -38,7 +38,8 @@ minutes apart) is printed next to it: on a quiet machine the two agree. After th
 each setting's step went in its blocks (rank 0's timeline: step, forward, backward, exposed,
 beside the predicted exposed time); on the lab, each world-size row's error also "on cores of
 its own": its measured step less what the rest of it (all but exposed communication) grew over
-the base's, since the lab's hosts share this machine's cores and a cluster's would not.
+the base's, since without ``--host-cpus`` shares the lab's hosts share this machine's cores and a
+cluster's would not (with them, the default, that growth is small and the two errors close).
 
 On loopback world sizes cannot be checked (more ranks would share the same 2 cores); the
 advisor's world-size rows price each bucket with ``cost_model`` through the run's α, β, which
@@ -48,10 +49,12 @@ this script checks against ``cost_model.predict`` directly.
 hosts as the largest world size, every link shaped to ``--link``, one process per host, gloo
 over TCP. The base run trains on the first ``--nproc`` hosts while the others wait at the
 blocks' barriers; a world-size setting ``p`` trains on the first ``p`` hosts, so its blocks pair
-with the base's like every other setting's. The default model there is ``mlp_wide``, the MLP of
-``mlp_steps.py`` (4 x 1024², 16 MiB of gradients) at batch 8, whose step the link decides: every
-host computes on this machine's shared cores, so p hosts computing at once take longer than one
-would alone, which a real cluster would not; a small batch keeps that share of the step small::
+with the base's like every other setting's. The default models there are ``mlp_wide``, the MLP of
+``mlp_steps.py`` (4 x 1024², 16 MiB of gradients) at batch 8, whose step the link decides, and
+``mlp_overlap`` (2 x 724², 4 MiB, at batch 512), whose backward hides about half of its
+communication. Every host computes on this machine's shared cores, so p hosts computing at once
+take longer than one would alone, which a real cluster would not: a small batch keeps that share
+of ``mlp_wide``'s step small; ``mlp_overlap``'s world-size rows read it mostly "on cores of their own"::
 
     python benchmarks/advisor_accuracy.py --lab                    # 2 hosts -> p = 3, 4, 6, 8; k = 2, 4; caps 1, 100
     python benchmarks/advisor_accuracy.py --lab --link 100Mbit --world-sizes 3,4,6
@@ -78,13 +81,20 @@ sys.path.insert(0, str(ROOT / "train_examples"))
 
 import ddp_ring_hooks  # noqa: E402
 from ddp_ring_hooks.advisor import Setting, from_bench, step_model  # noqa: E402
-from ddp_ring_hooks.advisor.advice import MIN_GAIN, recommend  # noqa: E402
+from ddp_ring_hooks.advisor.advice import MIN_GAIN, WIRE, recommend, what_if  # noqa: E402
 from ddp_ring_hooks.lab import EmulatedCluster, LabError, parse_rate  # noqa: E402
+from ddp_ring_hooks.lab.topology import MIN_CPUS  # noqa: E402
 from ddp_ring_hooks.launch import run_on_ranks  # noqa: E402
 from ddp_ring_hooks.machine import MachineLoad, describe_load  # noqa: E402
 from ddp_ring_hooks.telemetry.timeline_records import TimelineRecord, TimelineStep, record_from_json  # noqa: E402
 from mlp_steps import build_mlp  # noqa: E402
 
+#: ``mlp_overlap``: two layers of 724² (2 MiB each: DDP's default makes each its own bucket, the
+#: last layer's handed over first) at a batch whose backward of the first layer lasts about as
+#: long as one bucket's ring on the lab's 400 Mbit (42 ms at p = 2) on a host's share of the
+#: cores (``--host-cpus share``: 0.25 cores for 8 hosts on 2): about half of the step's
+#: communication hides behind backward, the issue's second kind of model.
+OVERLAP_WIDTH, OVERLAP_BATCH = 724, 512
 #: (median, worst) absolute error targets (issue 31): on the lab, and on loopback.
 LAB_TARGETS, LOOPBACK_TARGETS = (0.05, 0.10), (0.05, 0.15)
 #: What each run predicts, on loopback and on the lab (where the step is the link's).
@@ -92,7 +102,7 @@ DEFAULTS = {
     "loopback": {"models": "mlp,char_lm", "accumulate": "2,4,8", "bucket_caps": "1,4,25",
                  "algorithms": "tree,halving_doubling,double_binary_tree,naive,native", "wires": "bf16",
                  "world_sizes": ""},
-    "lab": {"models": "mlp_wide", "accumulate": "2,4", "bucket_caps": "1,100",
+    "lab": {"models": "mlp_wide,mlp_overlap", "accumulate": "2,4", "bucket_caps": "1,100",
             "algorithms": "tree,halving_doubling,double_binary_tree,naive,native", "wires": "bf16",
             "world_sizes": "3,4,6,8"},
 }
@@ -100,8 +110,8 @@ DEFAULTS = {
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", help="comma list of mlp, char_lm, mlp_wide (default: mlp,char_lm; "
-                                          "with --lab: mlp_wide)")
+    parser.add_argument("--models", help="comma list of mlp, char_lm, mlp_wide, mlp_overlap (default: mlp,char_lm; "
+                                          "with --lab: mlp_wide,mlp_overlap)")
     parser.add_argument("--nproc", type=int, default=2,
                         help="ranks of the base run: spawned, or with --lab the first hosts (default: %(default)s)")
     parser.add_argument("--warmup-steps", type=int, default=6,
@@ -130,6 +140,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--network", metavar="BENCH_JSON",
                      help="price the predictions with the alpha, beta that `bench --json` fitted (e.g. on the lab) "
                           "instead of those the base run's own buckets give")
+    lab.add_argument("--host-cpus", default="share", metavar="CORES",
+                     help="with --lab: each host's CPU (a cgroup quota, docs/lab.md): 'share' (the default) gives each "
+                          "host an equal share of this machine's cores, so a host computes as fast whatever the world "
+                          "size, as a cluster's would; a number of cores; or 'all' (every host shares every core)")
     lab.add_argument("--timeout", type=float, default=1800.0, metavar="SECONDS",
                      help="with --lab: give up on a round after this long (default: %(default)s)")
     lab.add_argument("--worker", metavar="PATH", help=argparse.SUPPRESS)  # one rank on a lab host; rank 0 writes PATH
@@ -163,7 +177,20 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--link: {error}")
         if min([args.nproc, *args.world_sizes]) < 2:
             parser.error("the base and every world size need at least 2 hosts")
+    args.host_cpus = host_cpus(parser, args.host_cpus, lab_hosts(args)) if args.lab else None
     return args
+
+
+def host_cpus(parser: argparse.ArgumentParser, given: str, hosts: int) -> float | None:
+    """``--host-cpus`` as cores per host: ``share`` -> this machine's cores over the hosts, ``all`` -> ``None``."""
+    if given == "all":
+        return None
+    if given == "share":
+        return max(MIN_CPUS, (os.cpu_count() or 1) / hosts)
+    try:
+        return float(given)
+    except ValueError:
+        parser.error(f"--host-cpus must be 'share', 'all' or a number of cores, got {given!r}")
 
 
 # -- the two workloads ---------------------------------------------------------------------------
@@ -180,6 +207,10 @@ def build(model_name: str):
         return module, (lambda g: torch.randn(32, 512, generator=g)), (lambda out, batch: out.square().mean())
     if model_name == "mlp_wide":  # the MLP of mlp_steps.py: 16 MiB of gradients, a step the network decides
         return build_mlp(layers=4, width=1024), (lambda g: torch.randn(8, 1024, generator=g)), (lambda out, batch: out.square().mean())
+    if model_name == "mlp_overlap":  # 2 x 2 MiB layers at batch 512: backward hides about half the communication
+        width = OVERLAP_WIDTH
+        return (build_mlp(layers=2, width=width), (lambda g: torch.randn(OVERLAP_BATCH, width, generator=g)),
+                (lambda out, batch: out.square().mean()))
     if model_name == "char_lm":
         from char_lm import CharLanguageModel
 
@@ -192,7 +223,7 @@ def build(model_name: str):
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
         return module, batch, loss
-    raise ValueError(f"unknown model {model_name!r}; choose mlp, char_lm or mlp_wide")
+    raise ValueError(f"unknown model {model_name!r}; choose mlp, char_lm, mlp_wide or mlp_overlap")
 
 
 class Trainer:
@@ -357,7 +388,7 @@ def measure_on_lab(model_name: str, args) -> tuple[list[TimelineRecord], dict, d
     """One round on an emulated lab of :func:`lab_hosts` hosts: this script once per host
     (``--worker``), joined into one job; rank 0 writes the base run's timeline and the pairs."""
     with tempfile.TemporaryDirectory(prefix="advisor_accuracy_") as scratch, \
-            EmulatedCluster(hosts=lab_hosts(args), link=args.link) as lab:
+            EmulatedCluster(hosts=lab_hosts(args), link=args.link, cpus=args.host_cpus) as lab:
         out = Path(scratch) / "round.json"
         lab.run([sys.executable, str(Path(__file__).resolve()), *args.argv, "--models", model_name, "--worker", str(out)],
                 timeout=args.timeout)
@@ -389,7 +420,8 @@ def main(argv=None) -> int:
     args = as_saved(args, loaded)
     base, variants = variants_of(args)
     start = MachineLoad.now()
-    where = (f"an emulated lab of {lab_hosts(args)} hosts on {args.link} links, the base on {args.nproc} of them"
+    cores = "every core shared" if args.host_cpus is None else f"{args.host_cpus:g} cores each"
+    where = (f"an emulated lab of {lab_hosts(args)} hosts ({cores}) on {args.link} links, the base on {args.nproc} of them"
              if args.lab else f"{args.nproc} gloo ranks")
     print(f"# {where}; per round: a ~{args.run_ms / 1e3:.0f} s base run to predict from, then "
           f"{args.pairs} block pairs of ~{args.block_ms:.0f} ms per setting; {args.rounds} round(s); "
@@ -474,6 +506,7 @@ def report(model_name: str, data: dict, args) -> list[float]:
     print(f"{'knob':<14} {'value':<18} {'predicted ms':>13} {'measured ms':>12} {'error':>8}   "
           f"{'pair ratios':<17} {'plain error':>11}")
     errors, rows = [], {}
+    uncertain = {row["value"] for row in what_if(model) if row["knob"] == WIRE and row["uncertain"]}
     for (knob, value), measured in pairs.items():
         predicted = model.predict(setting_of(knob, value, p)).step_ms
         ratios = [setting_ms / base_ms for setting_ms, base_ms in measured]
@@ -485,7 +518,7 @@ def report(model_name: str, data: dict, args) -> list[float]:
         rows[(knob, value)] = (predicted / base_predicted * base_ms, measured_ratio * base_ms)
         # Both at the base's speed in these pairs, so that predicted / measured - 1 = error.
         print(f"{knob:<14} {str(value):<18} {predicted / base_predicted * base_ms:>13.1f} {measured_ratio * base_ms:>12.1f} "
-              f"{error:>+8.1%}   {min(ratios):.2f}-{max(ratios):.2f}{'':<8} {plain:>+11.1%}{wire_verdicts(knob, predicted / base_predicted, measured_ratio)}")
+              f"{error:>+8.1%}   {min(ratios):.2f}-{max(ratios):.2f}{'':<8} {plain:>+11.1%}{wire_verdicts(knob, predicted / base_predicted, measured_ratio, value in uncertain)}")
     targets = LAB_TARGETS if args.lab else LOOPBACK_TARGETS
     print(f"{model_name}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
           f"(targets {targets[0]:.0%}, {targets[1]:.0%})")
@@ -579,12 +612,16 @@ def recommendation_check(model, pairs: dict) -> str:
     return f"{line}: {'right' if right else 'WRONG'} (target: the measured best or within {RECOMMENDATION_SLACK:.0%} of it)"
 
 
-def wire_verdicts(knob: str, predicted_ratio: float, measured_ratio: float) -> str:
+def wire_verdicts(knob: str, predicted_ratio: float, measured_ratio: float, uncertain: bool = False) -> str:
     """On a wire row, the advice's verdict (a gain of MIN_GAIN or more pays) predicted and
-    measured, and whether they agree (issue 29: the right verdict in every case measured)."""
+    measured, and whether they agree (issue 29: the right verdict in every case measured). A
+    row the advice marks uncertain (its error bar allows the other verdict) is said so, and
+    judged as the advice stated it: neither verdict was given."""
     if knob != "wire":
         return ""
     predicted, measured = (("pays" if 1 / ratio >= MIN_GAIN else "does not pay") for ratio in (predicted_ratio, measured_ratio))
+    if uncertain:
+        return f"   uncertain ({predicted} at its estimate), measured {measured}: no verdict given"
     return f"   {predicted}, measured {measured}: {'right' if predicted == measured else 'WRONG'}"
 
 

@@ -32,7 +32,7 @@ from ddp_ring_hooks.lab import (
     EmulatedCluster, HostFailed, HostUnreachable, LabTimeout, format_rate, parse_rate, remove_kept_labs,
     remove_stale_labs, status_report, unavailable_reason,
 )
-from ddp_ring_hooks.lab import registry
+from ddp_ring_hooks.lab import cpu_shares, registry
 from ddp_ring_hooks.lab.iproute import existing_namespaces
 from ddp_ring_hooks.lab.topology import Plan, lab_spec
 from tests.conftest import algorithm_cases, imports_torch
@@ -72,6 +72,9 @@ def test_rates_read_as_bits_per_second_and_print_back():
     ({"hosts": 4, "nodes": 2, "uplink": "1Gbit", "placement": (0, 0, 0, 0)}, "leaves node"),
     ({"hosts": 4, "nodes": 2, "uplink": "1Gbit", "placement": (0, 1)}, "for each of the 4 hosts"),
     ({"hosts": 2, "link": "1Gbit", "slow": {2: "100Mbit"}}, "slow host 2 is not a host"),
+    ({"hosts": 2, "link": "1Gbit", "cpus": 0}, r"cpus \(each host's share of the cores\) must be a number from 0.1"),
+    ({"hosts": 2, "link": "1Gbit", "cpus": 10_000}, "e.g. cpus="),
+    ({"hosts": 2, "link": "1Gbit", "cpus": "half"}, "must be a number"),
 ])
 def test_a_bad_shape_is_refused_with_the_fix(shape, message):
     with pytest.raises(ValueError, match=message):
@@ -158,6 +161,10 @@ def test_the_command_line_refuses_what_it_cannot_do(capsys):
     assert "megabytes" in capsys.readouterr().err
     assert cli_main(["lab", "run", "--hosts", "2", "--link", "1Gbit"]) == 2
     assert "give the command" in capsys.readouterr().err
+    assert cli_main(["lab", "run", "--cpus", "0.5", "--", "true"]) == 2
+    assert "--cpus shape a lab of its own: give --hosts too" in capsys.readouterr().err
+    assert cli_main(["lab", "up", "--hosts", "2", "--link", "1Gbit", "--cpus", "0.01"]) == 2
+    assert "must be a number from 0.1" in capsys.readouterr().err
 
 
 # -- with root: real namespaces ---------------------------------------------------------------
@@ -191,12 +198,44 @@ def test_a_lab_comes_up_and_goes_down_leaving_nothing(lab_machine):
 # A process that makes a lab and waits until it is killed; the lab never imports torch, so it
 # starts in a fraction of a second.
 _OWNER = """
-import time
+import sys, time
 from ddp_ring_hooks.lab import EmulatedCluster
-lab = EmulatedCluster(hosts=2, link='1Gbit').up()
+lab = EmulatedCluster(hosts=2, link='1Gbit', cpus=float(sys.argv[1]) if len(sys.argv) > 1 else None).up()
 print(lab.name, flush=True)
 time.sleep(120)
 """
+
+# One second of busy work on a host; prints its CPU seconds and its cgroups.
+_BURN = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 1.0: pass\nprint(time.process_time())\n" \
+        "print(open('/proc/self/cgroup').read())"
+
+
+@pytest.mark.timeout(90)
+def test_hosts_with_a_cpu_share_compute_on_it_and_leave_no_cgroup(lab_machine):
+    """Two hosts of 0.25 cores each busy for a second of wall time get about 0.25 s of CPU (a
+    whole core each without the share, on this 2-core machine); each process is in its host's
+    cgroup from its start; the cgroups go with the lab, and with a killed owner's, by the sweep."""
+    if cpu_shares.unavailable_reason():
+        pytest.skip(cpu_shares.unavailable_reason())
+    with EmulatedCluster(hosts=2, link="1Gbit", cpus=0.25) as lab:
+        plan = lab.plan
+        results = lab.run([sys.executable, "-c", _BURN], timeout=60)
+        assert "0.25 cores per host" in plan.spec.describe()
+    for host, result in enumerate(results):
+        cpu_seconds, groups = result.stdout.split("\n", 1)
+        assert 0.15 <= float(cpu_seconds) <= 0.45, result.stdout  # 0.25 s, and the interpreter's start
+        assert f"/{cpu_shares.ROOT_NAME}/{plan.name}/host{host}" in groups
+    assert not cpu_shares.host_cgroup(plan, 0).parent.exists()
+
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, "0.5"], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    name = owner.stdout.readline().strip()
+    kept = cpu_shares.host_cgroup(registry.find(name).plan, 1)
+    quota = kept / "cpu.cfs_quota_us" if (kept / "cpu.cfs_quota_us").exists() else kept / "cpu.max"  # v1, v2
+    assert quota.read_text().split()[0] == str(cpu_shares.LEAST_QUOTA_US)  # 1 ms of every 2 ms
+    owner.kill()
+    owner.wait(timeout=20)
+    assert name in remove_stale_labs() and not kept.parent.exists()
 
 
 @pytest.mark.timeout(60)

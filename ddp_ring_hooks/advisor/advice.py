@@ -14,8 +14,8 @@
 
 Fields added since the shape was first published (issue 31): ``speedup_range``, the row's
 speedup on the fastest and slowest network its source allows (``None`` when the source gives
-no error bar); ``uncertain``, the error bar is wider than the gain (or a narrower wire's casts
-were never measured), so the row is no advice; on the ``wire_dtype`` rows ``verdict``, "pays"
+no error bar); ``uncertain``, the error bar is wider than the gain or reaches past no change (or
+a narrower wire's casts were never measured), so the row is no advice; on the ``wire_dtype`` rows ``verdict``, "pays"
 or "does not pay" (``None`` for the run's own wire). Issue 33: ``sparse``, for each sparse
 gradient bucket the predicted gather and densify times and which wins (:mod:`.sparse_verdict`;
 empty without one).
@@ -169,7 +169,7 @@ def what_if(model: StepModel) -> list[dict]:
         if bounds:  # the same row on the fastest and the slowest network the probe allows
             ends = sorted(b.speedup(setting) for b in bounds)
             row["speedup_range"] = [min(ends[0], speedup), max(ends[-1], speedup)]
-            row["uncertain"] = not row["this_run"] and _wider_than_gain(row["speedup_range"], speedup)
+            row["uncertain"] = not row["this_run"] and could_go_either_way(row["speedup_range"], speedup)
         if knob == WIRE:
             if not row["this_run"] and _casts_unmeasured(model, setting):
                 row["uncertain"] = True  # a narrower wire's casts are priced free without a probe of them
@@ -178,11 +178,14 @@ def what_if(model: StepModel) -> list[dict]:
     return rows
 
 
-def _wider_than_gain(speedup_range: Sequence[float], speedup: float) -> bool:
-    """Whether the error bar (half the range the measurements allow) is wider than the gain
-    (or loss) itself: the row could go either way."""
+def could_go_either_way(speedup_range: Sequence[float], speedup: float) -> bool:
+    """Whether the row could go either way: its error bar (half the range the measurements
+    allow) is wider than the gain (or loss) itself, or the range reaches past no change (a
+    gain that the slowest network allows turns into a loss, or a loss into a gain). A lopsided
+    range needs the second test: bf16 on loopback read 1.07x on a range of 0.98-1.07x, a
+    half-width of 0.05 under its gain, and measured no gain (``docs/advisor.md``, the ninth series)."""
     low, high = speedup_range
-    return (high - low) / 2 > abs(speedup - 1)
+    return (high - low) / 2 > abs(speedup - 1) or (low < 1 < high and speedup != 1)
 
 
 def _casts_unmeasured(model: StepModel, setting: Setting) -> bool:
@@ -342,7 +345,7 @@ def format_advice(advice: dict) -> str:
             if r.get("verdict"):
                 extra += f"  {r['verdict']}"
             if r.get("uncertain"):
-                extra += "  (uncertain: " + ("its error bar is wider than its gain)" if spread else
+                extra += "  (uncertain: " + ("its error bar is wider than its gain or reaches past no change)" if spread else
                                              "the casts were not measured: no probe of a second wire)")
             lines.append(f"  {label:<42} {r['step_ms']:>9.1f} {r['comm_ms']:>9.1f} "
                          f"{r['exposed_ms']:>9.1f} {r['speedup']:>7.2f}x{extra}")

@@ -116,6 +116,9 @@ def _add_shape_arguments(parser: argparse.ArgumentParser, *, required: bool) -> 
                        help="this host's own link at RATE instead (repeat for several hosts)")
     shape.add_argument("--placement", metavar="N0,N1,...",
                        help="two tiers: the node of each host, e.g. 0,1,0,1 to alternate ranks between nodes")
+    shape.add_argument("--cpus", type=float, metavar="CORES",
+                       help="each host's share of this machine's cores (a cgroup quota), e.g. 0.25 for 8 hosts on 2 "
+                            "cores: a host then computes as fast whether one or all of them run (default: all shared)")
 
 
 def _cluster_from(args: argparse.Namespace) -> EmulatedCluster:
@@ -133,7 +136,7 @@ def _cluster_from(args: argparse.Namespace) -> EmulatedCluster:
         except ValueError:
             raise ValueError(f"--placement takes the node of each host, e.g. 0,1,0,1; got {args.placement!r}") from None
     return EmulatedCluster(hosts=args.hosts, link=args.link, nodes=args.nodes, uplink=args.uplink, slow=slow,
-                           placement=placement)
+                           placement=placement, cpus=args.cpus)
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -172,8 +175,8 @@ def run_job(args: argparse.Namespace) -> int:
         return fail(what, "give the command to run, e.g. `ddp-ring-hooks lab run -- hostname -I`"
                           if args.launcher == "run" else "give the script, e.g. `ddp-ring-hooks lab torchrun train.py`")
     own = args.hosts is not None
-    if not own and any((args.link, args.nodes, args.uplink, args.slow, args.placement)):
-        return fail(what, "--link, --nodes, --uplink, --slow and --placement shape a lab of its own: give --hosts too")
+    if not own and any((args.link, args.nodes, args.uplink, args.slow, args.placement, args.cpus)):
+        return fail(what, "--link, --nodes, --uplink, --slow, --placement and --cpus shape a lab of its own: give --hosts too")
     if own and args.lab:
         return fail(what, "give either --lab NAME (a running lab) or --hosts (a lab of its own), not both")
     try:

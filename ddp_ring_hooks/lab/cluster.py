@@ -33,7 +33,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import iproute, registry
+from . import cpu_shares, iproute, registry
 from .iproute import LabError, LabUnavailable
 from .jobs import HostResult, Job
 from .rates import format_rate, parse_rate
@@ -72,6 +72,10 @@ class EmulatedCluster:
         slow: ``{host: rate}``: these hosts' own links at another rate (a bad NIC or cable).
         placement: two tiers: the node of each host, e.g. ``(0, 1, 0, 1)`` to alternate the
             ranks between two nodes.
+        cpus: each host's share of this machine's cores (e.g. ``0.25`` for 8 hosts on 2 cores):
+            every process started on a host runs capped at it, so a host computes as fast
+            whether one or all of them run, as a cluster's hosts would (:mod:`.cpu_shares`).
+            ``None`` (the default): the hosts share every core.
     """
 
     def __init__(
@@ -83,8 +87,10 @@ class EmulatedCluster:
         uplink: str | None = None,
         slow: Mapping[int, str] | None = None,
         placement: Sequence[int] | None = None,
+        cpus: float | None = None,
     ) -> None:
-        self.spec: LabSpec = lab_spec(hosts=hosts, link=link, nodes=nodes, uplink=uplink, slow=slow, placement=placement)
+        self.spec: LabSpec = lab_spec(hosts=hosts, link=link, nodes=nodes, uplink=uplink, slow=slow, placement=placement,
+                                      cpus=cpus)
         self._plan: Plan | None = None
         self._disconnected: set[tuple[str, int]] = set()  # ("host", i) / ("node", j), for the error messages
 
@@ -111,6 +117,8 @@ class EmulatedCluster:
         _catch_termination()
         try:
             iproute.build(self._plan)
+            if self.spec.cpus is not None:
+                cpu_shares.make(self._plan)
         except BaseException:
             self.down()
             raise
@@ -129,6 +137,7 @@ class EmulatedCluster:
         if left:
             raise LabError(f"could not remove namespaces {left} of lab {plan.name}; "
                            f"remove them with `ip netns delete NAME` (record kept: {registry.RECORDS}/{plan.name}.json)")
+        cpu_shares.remove(plan)
         registry.forget(plan.name)
 
     @classmethod
@@ -365,9 +374,13 @@ class EmulatedCluster:
         return Job(processes, echo=echo, what=what, helpers=started_helpers)
 
     def _popen(self, argv: Sequence[str], host: int, env: Mapping[str, str]) -> subprocess.Popen:
+        # With CPU shares the child joins its host's cgroup before it runs (cpu_shares: from the
+        # root namespace, where the cgroup files are), so its threads and children are counted.
+        plan = self.plan
+        joining = (lambda: cpu_shares.join(plan, host)) if plan.spec.cpus is not None else None
         return subprocess.Popen(
             self.command(argv, host=host), env={**os.environ, **env}, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=joining,
         )
 
     def _host(self, host: int) -> int:

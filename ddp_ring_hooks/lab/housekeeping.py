@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 
-from . import iproute, registry
+from . import cpu_shares, iproute, registry
 from .iproute import LabError
 from .registry import LabRecord
 
@@ -73,6 +73,10 @@ def _owner(record: LabRecord) -> str:
 def _remove(record: LabRecord) -> bool:
     """Remove one recorded lab; whether everything went (its record too)."""
     if iproute.destroy(record.plan):
+        return False
+    try:
+        cpu_shares.remove(record.plan)
+    except LabError:
         return False
     registry.forget(record.name)
     return True

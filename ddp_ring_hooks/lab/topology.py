@@ -23,6 +23,9 @@ makes what this describes.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -44,6 +47,7 @@ class LabSpec:
     uplink: int | None = None  # each node's link to the core switch (two tiers only)
     slow: tuple[tuple[int, int], ...] = ()  # (host, rate): that host's link instead of ``link``
     placement: tuple[int, ...] = ()  # the node of each host (two tiers only)
+    cpus: float | None = None  # each host's share of this machine's cores (None: every host shares all of them)
 
     @property
     def node_count(self) -> int:
@@ -63,6 +67,7 @@ class LabSpec:
             "uplink": _text(self.uplink),
             "slow": {str(host): format_rate(rate) for host, rate in self.slow},
             "placement": list(self.placement) if self.nodes else None,
+            "cpus": self.cpus,
         }
 
     def describe(self) -> str:
@@ -74,6 +79,8 @@ class LabSpec:
         if self.nodes:
             parts.append(f"{_text(self.uplink)} uplinks")
         parts += [f"host {host} at {format_rate(rate)}" for host, rate in self.slow]
+        if self.cpus is not None:
+            parts.append(f"{self.cpus:g} cores per host")
         return ", ".join(parts)
 
 
@@ -85,10 +92,37 @@ def lab_spec(
     uplink: str | None = None,
     slow: Mapping[int, str] | None = None,
     placement: Sequence[int] | None = None,
+    cpus: float | None = None,
 ) -> LabSpec:
     """Check the user's choices and parse the rates; every refusal names the fix."""
     if not isinstance(hosts, int) or not 1 <= hosts <= MAX_HOSTS:
         raise ValueError(f"hosts must be a whole number from 1 to {MAX_HOSTS}, got {hosts!r}")
+    return dataclasses.replace(_network_spec(hosts, link, nodes, uplink, slow, placement), cpus=_cpus(cpus, hosts))
+
+
+#: The least CPU share a host can get: the kernel's least CFS quota (1 ms) in a 10 ms period
+#: (a longer period would leave a throttled host waiting longer; ``cpu_shares.period_us``).
+MIN_CPUS = 0.1
+
+
+def _cpus(cpus: float | None, hosts: int) -> float | None:
+    """Each host's CPU share, checked: at least MIN_CPUS, and no more than the machine has
+    (beyond that the quota would promise cores that are not there)."""
+    if cpus is None:
+        return None
+    cores = os.cpu_count() or 1
+    if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not MIN_CPUS <= cpus <= cores:
+        raise ValueError(f"cpus (each host's share of the cores) must be a number from {MIN_CPUS} to this machine's "
+                         f"{cores} cores, got {cpus!r}; e.g. cpus={cores / hosts:g} gives each of the {hosts} hosts an equal share")
+    if hosts * cpus > cores + 1e-9:
+        warnings.warn(f"{hosts} hosts of {cpus:g} cores each ask for {hosts * cpus:g} cores and this machine has {cores}: "
+                      f"hosts that compute at once will still slow each other; cpus={cores / hosts:g} gives each a share "
+                      "of its own", stacklevel=3)
+    return float(cpus)
+
+
+def _network_spec(hosts, link, nodes, uplink, slow, placement) -> LabSpec:
+    """The links of :func:`lab_spec`, checked."""
     slow = dict(slow or {})
     for host in slow:
         if not isinstance(host, int) or not 0 <= host < hosts:
@@ -122,6 +156,7 @@ def spec_from_dict(data: Mapping) -> LabSpec:
     return lab_spec(
         hosts=data["hosts"], link=data["link"], nodes=data["nodes"], uplink=data["uplink"],
         slow={int(host): rate for host, rate in data["slow"].items()}, placement=data["placement"],
+        cpus=data.get("cpus"),  # absent from the records of labs made before CPU shares
     )
 
 

@@ -34,7 +34,7 @@ from ddp_ring_hooks.lab import (
 )
 from ddp_ring_hooks.lab import cpu_shares, registry
 from ddp_ring_hooks.lab.iproute import existing_namespaces
-from ddp_ring_hooks.lab.topology import Plan, lab_spec
+from ddp_ring_hooks.lab.topology import Plan, lab_spec, spec_from_dict
 from tests.conftest import algorithm_cases, imports_torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,6 +79,16 @@ def test_rates_read_as_bits_per_second_and_print_back():
 def test_a_bad_shape_is_refused_with_the_fix(shape, message):
     with pytest.raises(ValueError, match=message):
         EmulatedCluster(**shape)
+
+
+@pytest.mark.fast
+def test_cpu_shares_that_add_up_to_more_than_the_machine_warn_and_a_spec_keeps_its_share():
+    cores = os.cpu_count() or 1
+    with pytest.warns(UserWarning, match=f"ask for {cores + 1} cores and this machine has {cores}"):
+        lab_spec(hosts=cores + 1, link="1Gbit", cpus=1)
+    spec = lab_spec(hosts=2, link="1Gbit", cpus=0.5)
+    assert spec.cpus == 0.5 and "0.5 cores per host" in spec.describe()
+    assert spec_from_dict(spec.as_dict()) == spec and spec_from_dict({**spec.as_dict(), "cpus": None}).cpus is None
 
 
 @pytest.mark.fast

@@ -13,7 +13,8 @@ every process started on a host runs in a cgroup of that host whose CFS quota is
 so a host computes as fast whether one host or all of them run, as long as ``hosts · c`` is
 at most the machine's cores (measured on the lab, 8 hosts of 0.25 cores on 2: that part of the
 step 78-85 ms at 2 hosts, 78-100 ms at 3 to 8 in two runs; 121-168 ms at 8 in three more, where
-the quotas take every core and the kernel's network work, which no quota counts, takes from them). What a quota does not give is a slower core: a
+the quotas take every core and the kernel's network work, which no quota counts, takes from
+them). What a quota does not give is a slower core: a
 host of 0.25 cores runs at full speed for a quarter of each period and waits out the rest, so
 a short burst of work can wait up to ``(1 - c)·period``, and one after an idle spell starts a
 quota ahead; :func:`period_us` keeps the period as short as the kernel allows. A host of
@@ -29,6 +30,7 @@ by the housekeeping of stale labs; nothing else in the hierarchy is touched.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
@@ -40,6 +42,7 @@ from .topology import Plan
 ROOT_NAME = "ddp_ring_hooks"
 #: The kernel's least CFS quota (µs): a host runs at least this long before it is throttled.
 LEAST_QUOTA_US = 1000
+_MOUNTS = Path("/proc/self/mounts")
 
 
 def period_us(cpus: float) -> int:
@@ -50,12 +53,13 @@ def period_us(cpus: float) -> int:
     that k = 4 adds, run back to back, took 67 ms each where the base's, after its idle wait for
     the link, took 58 (``docs/advisor.md``, the ninth series); at 4 ms the head start is 1 ms."""
     return max(LEAST_QUOTA_US, round(LEAST_QUOTA_US / cpus))
-_MOUNTS = Path("/proc/self/mounts")
 
 
+@functools.cache
 def hierarchy() -> tuple[Path, int] | None:
     """The cpu controller's mount and its cgroup version: cgroup v1's ``cpu`` hierarchy, else a
-    cgroup v2 one whose root offers ``cpu``; ``None`` when neither is mounted."""
+    cgroup v2 one whose root offers ``cpu``; ``None`` when neither is mounted (read once: a
+    process's mounts do not move under a lab)."""
     v2 = None
     for line in _MOUNTS.read_text().splitlines():
         _, where, kind, options, *_ = line.split()
@@ -77,9 +81,18 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def lab_cgroup(plan: Plan) -> Path:
+    """The directory of ``plan``'s lab's cgroups (whether or not it exists); :class:`LabUnavailable`
+    where no cpu controller is mounted."""
+    found = hierarchy()
+    if found is None:
+        raise LabUnavailable(unavailable_reason())
+    return found[0] / ROOT_NAME / plan.name
+
+
 def host_cgroup(plan: Plan, host: int) -> Path:
     """The cgroup of one host of ``plan``'s lab (whether or not it exists)."""
-    return _lab_cgroup(plan) / f"host{host}"
+    return lab_cgroup(plan) / f"host{host}"
 
 
 def make(plan: Plan) -> None:
@@ -92,7 +105,7 @@ def make(plan: Plan) -> None:
     period = period_us(plan.spec.cpus)
     quota = round(plan.spec.cpus * period)  # at least LEAST_QUOTA_US (lab_spec: MIN_CPUS)
     hosts = [host_cgroup(plan, host) for host in range(plan.spec.hosts)]
-    for directory in (root / ROOT_NAME, _lab_cgroup(plan), *hosts):
+    for directory in (root / ROOT_NAME, lab_cgroup(plan), *hosts):
         if version == 2:  # a v2 cgroup gets the cpu controller only where its parent passes it on
             (directory.parent / "cgroup.subtree_control").write_text("+cpu")
         directory.mkdir(exist_ok=True)
@@ -112,10 +125,9 @@ def join(plan: Plan, host: int) -> None:
 def remove(plan: Plan, *, wait_s: float = 5.0) -> None:
     """Remove the lab's cgroups (its processes already killed: a cgroup goes once its last task
     has exited, which can take a moment after SIGKILL); :class:`LabError` naming what is left."""
-    found = hierarchy()
-    lab = _lab_cgroup(plan)
-    if found is None or not lab.exists():
+    if hierarchy() is None or not lab_cgroup(plan).exists():
         return
+    lab = lab_cgroup(plan)
     deadline = time.monotonic() + wait_s
     while True:
         left = [d for d in (*(host_cgroup(plan, h) for h in range(plan.spec.hosts)), lab) if not _rmdir(d)]
@@ -125,13 +137,7 @@ def remove(plan: Plan, *, wait_s: float = 5.0) -> None:
             raise LabError(f"could not remove cgroups {[str(d) for d in left]} of lab {plan.name} (processes still "
                            f"in them: see their cgroup.procs); remove them with rmdir once those have ended")
         time.sleep(0.05)
-    _rmdir(found[0] / ROOT_NAME)  # only when no other lab's cgroups are left in it
-
-
-def _lab_cgroup(plan: Plan) -> Path:
-    found = hierarchy()
-    root = found[0] if found is not None else Path("/nonexistent")
-    return root / ROOT_NAME / plan.name
+    _rmdir(lab.parent)  # ROOT_NAME, only when no other lab's cgroups are left in it
 
 
 def _rmdir(directory: Path) -> bool:

@@ -239,12 +239,14 @@ def test_hosts_with_a_cpu_share_compute_on_it_and_leave_no_cgroup(lab_machine):
 
     owner = subprocess.Popen([sys.executable, "-c", _OWNER, "0.5"], stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
-    name = owner.stdout.readline().strip()
-    kept = cpu_shares.host_cgroup(registry.find(name).plan, 1)
-    quota = kept / "cpu.cfs_quota_us" if (kept / "cpu.cfs_quota_us").exists() else kept / "cpu.max"  # v1, v2
-    assert quota.read_text().split()[0] == str(cpu_shares.LEAST_QUOTA_US)  # 1 ms of every 2 ms
-    owner.kill()
-    owner.wait(timeout=20)
+    try:
+        name = owner.stdout.readline().strip()
+        kept = cpu_shares.host_cgroup(registry.find(name).plan, 1)
+        quota = kept / "cpu.cfs_quota_us" if (kept / "cpu.cfs_quota_us").exists() else kept / "cpu.max"  # v1, v2
+        assert quota.read_text().split()[0] == str(cpu_shares.LEAST_QUOTA_US)  # 1 ms of every 2 ms
+    finally:
+        owner.kill()  # SIGKILL: nothing cleans up but the sweep below (or, if this failed, the next session's)
+        owner.wait(timeout=20)
     assert name in remove_stale_labs() and not kept.parent.exists()
 
 

@@ -18,7 +18,9 @@ no error bar); ``uncertain``, the error bar is wider than the gain or reaches pa
 a narrower wire's casts were never measured), so the row is no advice; on the ``wire_dtype`` rows ``verdict``, "pays"
 or "does not pay" (``None`` for the run's own wire). Issue 33: ``sparse``, for each sparse
 gradient bucket the predicted gather and densify times and which wins (:mod:`.sparse_verdict`;
-empty without one).
+empty without one). ``model.own_link``: how a network measured here was fitted to the run
+(``scale``, ``shared_ways``, ``pickup_ms``, ``backward_rate``: :class:`~.step_model.OwnLink`;
+``None`` for another cluster's network).
 
 ``step_ms`` is one optimizer step (all its micro-batches); ``comm_ms`` communication from each
 bucket's hand-over (queue included) and ``exposed_ms`` its part after backward, so never more
@@ -32,6 +34,7 @@ optimizer, the training loop and the contention of hidden communication).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -85,6 +88,18 @@ def ring_order_of_run(model: StepModel) -> RingOrderNote | None:
         return None
     return ring_order_note(order=p.ring, nodes=p.nodes, calibration=model.run_network.calibration(p.algorithm),
                            nbytes=max(b.nbytes for b in p.buckets))
+
+
+def own_link_note(model: StepModel) -> list[str]:
+    """How the network measured here was fitted to the run (:attr:`~.step_model.StepModel.own_link`),
+    when it was (not for another cluster's network, taken as given)."""
+    own = model.own_link
+    if own is None:
+        return []
+    slowed = (f"; its exchanges beside backward at {own.backward_rate:.0%} of the link's rate (what this run's "
+              "exposed time held beyond the link's price)" if own.backward_rate < 1 else "")
+    return [f"this run's link: bytes priced {own.scale:.2f}x the network's fit, each bucket started "
+            f"{own.pickup_ms:.1f} ms after its hand-over{slowed}"]
 
 
 def priced_as_note(algorithm: str, network: Network) -> str:
@@ -287,6 +302,7 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
         f"contention of hidden communication: {p.contention_ms:.1f} ms per step, {p.contention_source}",
         "accumulate k: the effective batch grows k-fold (k x micro-batch x world size samples per step)",
         "world_size: the same micro-batch per rank on more ranks (weak scaling); speedup counts all ranks' samples",
+        *own_link_note(model),
         *(priced_as_note(a, model.network) for a in algorithm_names() if get_algorithm(a).cost is None),
         *foreign_network_note(model),
         *other_world_size_note(model),
@@ -306,6 +322,7 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
             "network": model.network.as_dict(),
             "run_network": model.run_network.as_dict(),
             "reproduced_error": reproduced,
+            "own_link": None if model.own_link is None else dataclasses.asdict(model.own_link),
             "contention_ms": p.contention_ms,
             "contention_source": p.contention_source,
             "clean_micro_ms": p.clean_micro_ms,

@@ -46,7 +46,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from ..cost_model import Links, ProbeSample, TwoTier, bytes_sent_per_rank, coefficients, cost_terms, fit, fit_probe
-from ..schedules import CostTerms, algorithm_names, build_schedule, formula_for, get_algorithm
+from ..cost_model.fit import lower_quartile
+from ..schedules import CostTerms, algorithm_names, build_schedule, formula_for, get_algorithm, wire_of
 from .link_directions import link_directions
 from .replay import BucketCost
 
@@ -102,6 +103,13 @@ class Network:
     bounds: tuple[Network, Network] | None = None
     #: the world size its records were measured at (bench records; ``None``: any, or not said)
     measured_at: int | None = None
+    #: ``((nbytes, ms), (nbytes, ms))``: a probe's two largest all-reduces of the run's own
+    #: algorithm and wire, the times this network was fitted to there (each size's lower quartile
+    #: block; the fastest or the median for the error bar's ends). Their difference is the link's
+    #: own rate for large buckets, without α or a shaper's burst in it, which the step model
+    #: scales the link's price to (:func:`~.step_model.link_scale`). ``None``: no probe, or one
+    #: with a single large size (timelines before the tenth series).
+    large_blocks: tuple[tuple[int, float], tuple[int, float]] | None = None
 
     def calibration(self, algorithm: str) -> Links:
         return self.calibrations.get(algorithm) or self.calibrations[ANY]
@@ -222,11 +230,17 @@ def from_probe(
               f"{links.gamma * 1e9:.2f} ns/B (each size's lower quartile block); its blocks' median lay up to "
               f"{scatter:.0%} above their fastest (each row's speedup_range){_unpriced(links)}")
 
-    def network(found: Links, note: str) -> Network:
-        return Network({ANY: found}, note, here=True)
+    wire = wire_of(shaping)
+    own = sorted((s for s in samples if not s.algorithm and s.wire == wire), key=lambda s: s.nbytes)
+    large = own[-2:] if len(own) >= 3 else []  # beside the small size, two large ones
 
-    return Network({ANY: links}, source, here=True, bounds=(network(fitted.fastest, "the probe's fastest blocks"),
-                                                 network(fitted.slowest, "the probe's median blocks")))
+    def network(found: Links, note: str, block) -> Network:
+        blocks = tuple((s.nbytes, 1e3 * block(s.seconds)) for s in large)
+        return Network({ANY: found}, note, here=True, large_blocks=blocks or None)
+
+    return replace(network(links, source, lower_quartile),
+                   bounds=(network(fitted.fastest, "the probe's fastest blocks", min),
+                           network(fitted.slowest, "the probe's median blocks", statistics.median)))
 
 
 def unpriced_costs(links: Links) -> list[str]:

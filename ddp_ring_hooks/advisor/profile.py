@@ -113,6 +113,9 @@ class RunProfile:
     #: The hook's own time per bucket on DDP's thread (the median over the measured buckets; 0
     #: before timeline version 6): what each bucket handed over costs backward.
     call_ms: float = 0.0
+    #: From a bucket's hand-over to its start when its lane was free (:func:`pickup_ms`): the
+    #: worker's wake-up, which the replay adds to every bucket's start.
+    pickup_ms: float = 0.0
 
     @property
     def calls_ms(self) -> float:
@@ -250,7 +253,18 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
         nosync_micro_ms=micro if k > 1 else None, nodes=run.nodes, ring=run.ring,
         options=run.options, probe=run.probe, probe_algorithm=run.probe_algorithm, param_sparse=run.param_sparse,
         link_busy_ms=(busy[0], statistics.median(busy), busy[-1]), call_ms=call,
+        pickup_ms=pickup_ms(steps, run.concurrent_buckets),
     )
+
+
+def pickup_ms(steps: Sequence[TimelineStep], lanes: int) -> float:
+    """The median wait from a bucket's hand-over to its start over the buckets whose lane was
+    free when it was handed over (the first ``lanes`` of a step, and any whose lane's bucket
+    before had ended): the worker's wake-up, not a queue. 0.30-0.37 ms on loopback's shared cores,
+    2.6-4.9 ms on the lab's hosts of a fifth of a core (``docs/advisor.md``, the tenth series)."""
+    waits = [max(0.0, b.start_ms - b.ready_ms) for s in steps for i, b in enumerate(s.buckets)
+             if i < lanes or s.buckets[i - lanes].end_ms <= b.ready_ms]
+    return statistics.median(waits) if waits else 0.0
 
 
 def _sparse_sizes(buckets) -> dict:

@@ -23,9 +23,10 @@ wire dtype, the run itself) replays the same queue. Its assumptions:
    there first is taken to finish first; what the last bucket ends at, and so what is
    exposed, is the same either way when the link never idles). A part waits for every way it
    holds; a later bucket never slips into a gap before an earlier bucket's part.
-5. A bucket starts when it is handed over and its lane is free, spends its ``fixed`` time on
-   the lane, then its link parts one after the other, each once the ways it holds are free;
-   it ends with its last part. Two lanes, rings (both ways) and trees (in, then out)::
+5. A bucket starts ``pickup_ms`` after it is handed over (its worker's wake-up, measured on the
+   run) once its lane is free, spends its ``fixed`` time on the lane, then its link parts one
+   after the other, each once the ways it holds are free; it ends with its last part. Two
+   lanes, rings (both ways) and trees (in, then out)::
 
        handed  h0  h1                                   | backward ends (last bucket handed)
        ring    lane 0  [f0][=== b0 both ===]
@@ -34,7 +35,18 @@ wire dtype, the run itself) replays the same queue. Its assumptions:
                lane 1  [f1]...........[= b1 in =][= b1 out =]      (b1's reduce comes in
                                                                     while b0's broadcast goes out)
 
-6. Nothing else is modelled here: CPU contention with backward (hidden communication taking
+6. **While backward runs, an exchange may go slower** (``backward_rate``, 1 by default): a
+   part that holds both ways (a rank sending to its peers while it receives from them)
+   progresses at that share of its price until backward ends, and at full price after. Where
+   backward fills the cores, the communication threads wait for them: on the lab's hosts of a
+   fifth of a core a ring's bucket during backward took 53-150 ms where the same bytes after it
+   took 42, while a tree's one-way halves kept the link's rate (``docs/advisor.md``, the tenth
+   series). The step model calibrates the rate on the run (:mod:`.step_model`)::
+
+       backward  ======================|
+       ring b0        [~~~~~~~ slowed ~~~~|=== full ===]     ~ : at backward_rate
+
+7. Nothing else is modelled here: CPU contention with backward (hidden communication taking
    cores from backward) is the step model's (:mod:`.step_model`), and so is what the α-β
    prices leave out (calibrated on the run itself).
 
@@ -44,7 +56,8 @@ end follow from the ones before it. Closed forms it reproduces (``tests/test_adv
 one bucket with nothing to overlap ends after ``fixed + link``; buckets handed early enough are
 hidden, and only the last one's cost is exposed; a link-bound queue of rings ends after the
 sum of the links' times; one of ``K`` equal trees (or naive all-reduces) of ``2·n·β`` each,
-on two lanes, after ``(K+1)·n·β``.
+on two lanes, after ``(K+1)·n·β``; a ring of link time ``L`` that starts at 0 beside a
+backward of ``B`` at rate ``r`` ends at ``L/r`` when ``r·B >= L``, else at ``B + L - r·B``.
 
 What it reports uses one start for everything: **communication** is the time from a bucket's
 hand-over to its end, queue included (the union over buckets), and **exposed** the part after
@@ -108,7 +121,7 @@ class Replayed:
 
 
 def replay(ready_ms: Sequence[float], costs: Sequence[BucketCost], *, lanes: int, backward_ms: float,
-           shared_ways: float | None = None) -> Replayed:
+           shared_ways: float | None = None, pickup_ms: float = 0.0, backward_rate: float = 1.0) -> Replayed:
     """Replay buckets (in DDP's launch order) through ``lanes`` lanes and one full-duplex link.
 
     ``ready_ms[i]``: when bucket ``i`` is ready; ``costs[i]``: its :class:`BucketCost`;
@@ -120,7 +133,11 @@ def replay(ready_ms: Sequence[float], costs: Sequence[BucketCost], *, lanes: int
     time is then its price times the ways it holds over ``shared_ways``, the ways held on
     average by the algorithm the network was fitted to (2 for a ring, both at once): a tree's
     one-way half takes half its price where a ring's both-ways part takes all of it. (Measured
-    on loopback, 2 ranks: the tree's step 0.93-1.14x the ring's, where full duplex said 1.3x.)::
+    on loopback, 2 ranks: the tree's step 0.93-1.14x the ring's, where full duplex said 1.3x.)
+
+    ``pickup_ms``: each bucket starts that long after its hand-over (when its lane is free);
+    ``backward_rate``: the share of its price at which a both-ways part progresses before
+    ``backward_ms`` (the module docstring's 5 and 6)::
 
         >>> replay([0, 0], [BucketCost(0, 4), BucketCost(0, 4)], lanes=2, backward_ms=2).exposed_ms
         6.0
@@ -130,6 +147,8 @@ def replay(ready_ms: Sequence[float], costs: Sequence[BucketCost], *, lanes: int
     """
     if lanes < 1:
         raise ValueError(f"lanes must be >= 1, got {lanes}")
+    if not 0 < backward_rate <= 1:
+        raise ValueError(f"backward_rate is a share of the link's price, in (0, 1]; got {backward_rate}")
     if len(ready_ms) != len(costs):
         raise ValueError(f"{len(ready_ms)} ready times but {len(costs)} costs")
     lane_free = [float("-inf")] * lanes
@@ -138,15 +157,15 @@ def replay(ready_ms: Sequence[float], costs: Sequence[BucketCost], *, lanes: int
     handed_at, starts, ends = [], [], []
     for i, (ready, cost) in enumerate(zip(ready_ms, costs)):
         handed = max(handed, ready)  # DDP hands buckets over in order
-        start = max(handed, lane_free[i % lanes])
+        start = max(handed + pickup_ms, lane_free[i % lanes])
         end = start + cost.fixed_ms
         for way, share in cost.link_directions:
-            held = share * cost.link_ms
+            held, rate = share * cost.link_ms, backward_rate if way == BOTH else 1.0
             if shared_ways:
                 held, way = held * len(HOLDS[way]) / shared_ways, BOTH
             if held <= 0:
                 continue
-            end = max(end, *(way_free[w] for w in HOLDS[way])) + held
+            end = _progressed(max(end, *(way_free[w] for w in HOLDS[way])), held, until=backward_ms, rate=rate)
             way_free.update(dict.fromkeys(HOLDS[way], end))
         lane_free[i % lanes] = end
         handed_at.append(handed)
@@ -159,3 +178,12 @@ def replay(ready_ms: Sequence[float], costs: Sequence[BucketCost], *, lanes: int
         exposed_ms=max(0.0, max(ends, default=backward_ms) - backward_ms),
         link_ms=sum(cost.link_ms for cost in costs),
     )
+
+
+def _progressed(begin: float, work: float, *, until: float, rate: float) -> float:
+    """When ``work`` ms of link time started at ``begin`` is done: at ``rate`` of its price before
+    ``until`` (backward's end), at full price after."""
+    if rate >= 1.0 or begin >= until:
+        return begin + work
+    slowed = (until - begin) * rate  # the work done by the time backward ends
+    return begin + work / rate if work <= slowed else until + work - slowed

@@ -40,6 +40,7 @@ Samples per step grow as ``k · p``: the effective batch grows with accumulation
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from ..schedules import algorithm_names, resolve_options, with_wire
@@ -209,15 +210,21 @@ class OwnLink:
     """What the run measured of its own link, beyond the α-β network that prices it (used only
     where that network was measured here: its probe, its buckets).
 
-    ``scale``: the run's link time over the network's price of it (:func:`link_scale`): every
-    bucket's link time is priced ``scale`` times, so an error of the network's β (the probe's
-    small sizes: on the lab, tbf's burst read its links up to 6% fast) moves each row with its bytes, where
-    the calibration's offset would add the same milliseconds to a row of half the bytes.
+    ``scale``: every bucket's link time is priced ``scale`` times (:func:`link_scale`: the
+    probe's largest block over its price, else the run's link time over the network's price of
+    it), so an error of the network's β (the probe's small sizes on slow or throttled cores)
+    moves each row with its bytes, where the calibration's offset would add the same
+    milliseconds to a row of half the bytes.
     ``shared_ways``: ranks on one host (loopback) send and receive through the same cores, so
-    the link's two ways are one resource (:func:`~.replay.replay`); ``None``: full duplex."""
+    the link's two ways are one resource (:func:`~.replay.replay`); ``None``: full duplex.
+    ``pickup_ms``: each bucket starts that long after its hand-over (the run's
+    :attr:`~.profile.RunProfile.pickup_ms`). ``backward_rate``: the share of its price at which
+    an exchange (a both-ways part) progresses while backward runs (:func:`backward_rate`)."""
 
     scale: float = 1.0
     shared_ways: float | None = None
+    pickup_ms: float = 0.0
+    backward_rate: float = 1.0
 
 
 FULL_DUPLEX = OwnLink()
@@ -241,7 +248,8 @@ def _model(profile: RunProfile, network: Network, setting: Setting, contention_p
         scale = (clean_backward + contention) / clean_backward if clean_backward > 0 else 1.0
         handed = [r * scale + i * profile.call_ms for i, r in enumerate(ready)]
         backward = clean_backward + contention + calls
-        return replay(handed, costs, lanes=profile.lanes, backward_ms=backward, shared_ways=own.shared_ways), backward
+        return replay(handed, costs, lanes=profile.lanes, backward_ms=backward, shared_ways=own.shared_ways,
+                      pickup_ms=own.pickup_ms, backward_rate=own.backward_rate), backward
 
     contention = profile.contention_ms
     for _ in range(3):  # a few rounds settle it
@@ -263,18 +271,36 @@ LINK_BUSY = ("fastest", "median", "slowest")
 
 
 def link_scale(profile: RunProfile, network: Network, busy: str = "median") -> float:
-    """The run's own link time over ``network``'s price of it: the link's busy time in the run
-    (the sum of the buckets' own times on it, :attr:`~.profile.BucketProfile.service_ms`: the
-    same whatever share of it each bucket got), less the buckets' priced fixed parts, over their
-    priced link parts. 1 where nothing is priced on the link or the fixed parts take it all, and
-    on one host: there is no wire to measure, the buckets' times in training are the cores'
-    (shared with backward, which the contention term prices). Scaled there, the loopback rows
-    moved the wrong way: cap 1 from -4.0% and -6.6% to -21.3% and -25.7%, bf16 from +1.7% and
-    -3.6% to -10.7% and -17.0% (``advisor_accuracy.py``, 2026-12-02, MLP runs 2 and 3)."""
+    """What the link's price is scaled by on several hosts: the link's own rate for a bucket alone.
+
+    With a probe (``network.large_blocks``): the difference of its two largest blocks over the
+    difference of their priced link parts: the bytes alone. The fit's β leans on the small
+    blocks' α, which on the lab's hosts of a fifth of a core holds a waiting core's milliseconds
+    (a 16 KiB block took 10-30 ms beside a 2 MiB block of 43 ms) that a long transfer hides: α
+    and β fitted to those read the 50 MB/s links at 67 MB/s, and bf16 then saved too little
+    (+18% in a lab run). Two large blocks carry the same hidden waits and the same shaper's
+    burst, so their difference holds neither (``docs/advisor.md``, the tenth series). Without
+    them: the run's own link time over ``network``'s price of it, the link's busy time in the
+    run (the sum of the buckets' own times on it, :attr:`~.profile.BucketProfile.service_ms`:
+    the same whatever share of it each bucket got) less the buckets' priced fixed parts, over
+    their priced link parts; that time also holds the exchanges slowed beside backward, which
+    the probe's blocks do not (the replay prices that apart: :func:`backward_rate`).
+
+    1 where nothing is priced on the link or the fixed parts take it all, and on one host: there
+    is no wire to measure, the buckets' times in training are the cores' (shared with backward,
+    which the contention term prices). Scaled there, the loopback rows moved the wrong way: cap
+    1 from -4.0% and -6.6% to -21.3% and -25.7%, bf16 from +1.7% and -3.6% to -10.7% and -17.0%
+    (``advisor_accuracy.py``, 2026-12-02, MLP runs 2 and 3)."""
     if profile.one_host:
         return 1.0
     setting = run_setting(profile)
     options = setting_options(profile, setting)
+    if network.large_blocks is not None:
+        (small, small_ms), (large, large_ms) = network.large_blocks
+        priced_ms = [bucket_cost(network, setting.algorithm, float(n), setting.world_size, **options).link_ms
+                     for n in (small, large)]
+        measured, priced_link = large_ms - small_ms, priced_ms[1] - priced_ms[0]
+        return measured / priced_link if priced_link > 0 and measured > 0 else 1.0
     costs = [bucket_cost(network, setting.algorithm, priced(b), setting.world_size, **options) for b in profile.buckets]
     link = sum(c.link_ms for c in costs)
     busy_ms = (profile.link_busy_ms[LINK_BUSY.index(busy)] if profile.link_busy_ms is not None
@@ -308,6 +334,38 @@ def contention_per_cpu_ms(profile: RunProfile, network: Network) -> float:
     return profile.contention_ms / moved if moved > 0 else 0.0
 
 
+#: The slowest exchange beside backward the calibration may find (a share of the link's price):
+#: slower, and the run's exposed time is what the replay cannot explain (the offset takes it).
+SLOWEST_BACKWARD_RATE = 0.05
+
+
+def backward_rate(profile: RunProfile, network: Network, own: OwnLink, contention_per_cpu: float) -> float:
+    """The rate at which the run's exchanges (both-ways parts) progressed while backward ran:
+    the one at which the replay of the run's own setting ends as late as the run measured (its
+    exposed time), found by bisection (a slower rate only ever ends later). 1 when the replay at
+    full rate already ends that late; :data:`SLOWEST_BACKWARD_RATE` at the least.
+
+    Priced apart because it does not follow the bytes: on the lab's hosts of a fifth of a core a
+    ring's two 2 MiB buckets took 83 ms on the link when both ran after backward and 95-171 ms
+    when the first ran beside it (a rate of about a third), while a tree's one-way halves and a
+    lone bucket after backward ran at the link's rate. Scaling every part by the run's link time
+    priced those 10-50% slow (``docs/advisor.md``, the tenth series)."""
+    setting = run_setting(profile)
+
+    def exposed(rate: float) -> float:
+        return _model(profile, network, setting, contention_per_cpu, replace(own, backward_rate=rate)).exposed_ms
+
+    if exposed(1.0) >= profile.exposed_ms:
+        return 1.0
+    slow, fast = SLOWEST_BACKWARD_RATE, 1.0
+    if exposed(slow) <= profile.exposed_ms:
+        return slow
+    for _ in range(30):  # 1e-9 of the range: far below what a step's milliseconds can tell
+        middle = (slow + fast) / 2
+        slow, fast = (middle, fast) if exposed(middle) >= profile.exposed_ms else (slow, middle)
+    return (slow + fast) / 2
+
+
 @dataclass(frozen=True)
 class StepModel:
     """The step model of one run, calibrated on it; :meth:`predict` any setting.
@@ -322,17 +380,35 @@ class StepModel:
     #: which of the run's link times a network measured here is scaled to (:data:`LINK_BUSY`)
     link_busy: str = "median"
 
+    @functools.cached_property
+    def contention_per_cpu_ms(self) -> float:
+        return contention_per_cpu_ms(self.profile, self.run_network)
+
+    @functools.cached_property
+    def own_link(self) -> OwnLink | None:
+        """What the network measured here is fitted to on the run (:class:`OwnLink`): scaled to
+        its own link, on one host with its two ways shared, each bucket started after the run's
+        pickup, and on several hosts with a probe the exchanges' rate beside backward
+        calibrated on the run. ``None`` for another cluster's network, which is taken as given."""
+        if not self.network.here:
+            return None
+        own = OwnLink(link_scale(self.profile, self.network, self.link_busy), shared_ways(self.profile),
+                      pickup_ms=self.profile.pickup_ms)
+        if self.profile.one_host or self.network.large_blocks is None:
+            return own
+        return replace(own, backward_rate=backward_rate(self.profile, self.network, own, self.contention_per_cpu_ms))
+
     def predict(self, setting: Setting) -> Prediction:
         """The predicted step of ``setting`` (see the module docstring)."""
-        per_cpu_ms = contention_per_cpu_ms(self.profile, self.run_network)
+        per_cpu_ms = self.contention_per_cpu_ms
         # Calibrated on the run with the network that prices the prediction when it was measured
         # here (the run's buckets, its probe): the run's own setting then comes out exactly. Such
-        # a network is this run's link: scaled to the link time the run measured, on one host
-        # with its two ways shared; another cluster's network is full duplex, as given.
+        # a network is this run's link (:attr:`own_link`); another cluster's network is full
+        # duplex, as given.
         calibrated_with = self.network if self.network.here else self.run_network
-        ways = shared_ways(self.profile)
-        own = OwnLink(link_scale(self.profile, self.network, self.link_busy), ways) if self.network.here else None
-        here = _model(self.profile, calibrated_with, run_setting(self.profile), per_cpu_ms, own or OwnLink(1.0, ways))
+        own = self.own_link
+        here = _model(self.profile, calibrated_with, run_setting(self.profile), per_cpu_ms,
+                      own or OwnLink(1.0, shared_ways(self.profile)))
         raw = _model(self.profile, self.network, setting, per_cpu_ms, own or FULL_DUPLEX)
         exposed = max(0.0, raw.exposed_ms + (self.profile.exposed_ms - here.exposed_ms))
         # Contention the bytes moved behind backward do not explain (measured with nothing

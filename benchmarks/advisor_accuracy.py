@@ -111,8 +111,9 @@ DEFAULTS = {
 }
 #: The share of this machine's cores that ``--host-cpus share`` leaves to no host: the kernel's
 #: network work (softirq that runs while a host's process is on the core is charged to that
-#: host's quota: this kernel has no IRQ time accounting) and the hypervisor's steal. With every core given to 8 hosts the p = 8
-#: rows read 8-18% fast; with this much left, within 3% (``docs/advisor.md``, the tenth series).
+#: host's quota: this kernel has no IRQ time accounting) and the hypervisor's steal. With every
+#: core given to 8 hosts ``mlp_wide``'s p = 6 and 8 rows read down to -11.2%; with this much left,
+#: -3.6 to +3.1% in three runs (``docs/advisor.md``, the tenth series).
 HOST_HEADROOM = 0.2
 
 

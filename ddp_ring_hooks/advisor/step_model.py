@@ -211,8 +211,8 @@ class OwnLink:
     where that network was measured here: its probe, its buckets).
 
     ``scale``: every bucket's link time is priced ``scale`` times (:func:`link_scale`: the
-    probe's largest block over its price, else the run's link time over the network's price of
-    it), so an error of the network's β (the probe's small sizes on slow or throttled cores)
+    difference of the probe's two large blocks over its price, else the run's link time over
+    the network's price of it), so an error of the network's β (the probe's small sizes on slow or throttled cores)
     moves each row with its bytes, where the calibration's offset would add the same
     milliseconds to a row of half the bytes.
     ``shared_ways``: ranks on one host (loopback) send and receive through the same cores, so
@@ -398,18 +398,21 @@ class StepModel:
             return own
         return replace(own, backward_rate=backward_rate(self.profile, self.network, own, self.contention_per_cpu_ms))
 
+    @functools.cached_property
+    def _run_replayed(self) -> _Raw:
+        """The run's own setting, modelled: what every prediction is calibrated against.
+        Calibrated on the run with the network that prices the prediction when it was measured
+        here (the run's buckets, its probe): the run's own setting then comes out exactly. Such
+        a network is this run's link (:attr:`own_link`); another cluster's network is full
+        duplex, as given."""
+        calibrated_with = self.network if self.network.here else self.run_network
+        return _model(self.profile, calibrated_with, run_setting(self.profile), self.contention_per_cpu_ms,
+                      self.own_link or OwnLink(1.0, shared_ways(self.profile)))
+
     def predict(self, setting: Setting) -> Prediction:
         """The predicted step of ``setting`` (see the module docstring)."""
-        per_cpu_ms = self.contention_per_cpu_ms
-        # Calibrated on the run with the network that prices the prediction when it was measured
-        # here (the run's buckets, its probe): the run's own setting then comes out exactly. Such
-        # a network is this run's link (:attr:`own_link`); another cluster's network is full
-        # duplex, as given.
-        calibrated_with = self.network if self.network.here else self.run_network
-        own = self.own_link
-        here = _model(self.profile, calibrated_with, run_setting(self.profile), per_cpu_ms,
-                      own or OwnLink(1.0, shared_ways(self.profile)))
-        raw = _model(self.profile, self.network, setting, per_cpu_ms, own or FULL_DUPLEX)
+        here = self._run_replayed
+        raw = _model(self.profile, self.network, setting, self.contention_per_cpu_ms, self.own_link or FULL_DUPLEX)
         exposed = max(0.0, raw.exposed_ms + (self.profile.exposed_ms - here.exposed_ms))
         # Contention the bytes moved behind backward do not explain (measured with nothing
         # hidden: the synchronizing micro-batch's own overhead) is a constant of the step, too.

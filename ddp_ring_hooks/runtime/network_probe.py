@@ -30,8 +30,8 @@ when :func:`~ddp_ring_hooks.register` attaches the hook (collective, the same on
    a quarter of bf16's 1 MiB on the wire free against an eighth of fp32's 2 MiB, which hid the
    casts (γ fitted 0 in every lab run) that bf16's buckets then paid in training: its row read
    4-10% fast (``docs/advisor.md``, the tenth series). Blocks of one call each, after one
-   warm-up call per size: three, then more
-   while the size's blocks took under 30 ms in all, up to 15. On 2-core loopback a block now
+   warm-up call per size: three, then more while the size's blocks took under 30 ms in all,
+   up to 15. On 2-core loopback a block now
    and then waits out another thread's time slice (2-7 ms where its neighbours took 0.3-0.6),
    and with three blocks two such made the median: a 16 KiB median of 6.9 ms, slower than
    2 MiB's, fitted β = 0 (bandwidth unbounded) in three of six runs, and every row's bytes free

@@ -81,6 +81,7 @@ class BenchRecord:
     link_limit_us: float | None = None  # 2(p-1)/p · wire bytes / link: no all-reduce is faster
     wire_bytes: int | None = None  # the bytes the transfers carry (None: nbytes, as the buffer)
     wire: str = ""  # their dtype, when narrower than the buffer's (e.g. "bfloat16")
+    fastest_us: float | None = None  # one call, slowest rank, the fastest round: what the network allows
 
     @property
     def bytes_on_wire(self) -> int:
@@ -171,6 +172,7 @@ def run_sweep(
                     algbw_GBps=algbw, busbw_GBps=busbw, wrong=wrong[name],
                     wire_bytes=size.wire_bytes if wires[name] is not None else None,
                     wire=size.wire if wires[name] is not None else "",
+                    fastest_us=min(times[name]) * 1e6,
                 )
             )
     bar.close()

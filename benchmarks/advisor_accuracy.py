@@ -34,7 +34,10 @@ measured speed in those same pairs (the median base block, per step)::
     error        = predicted ms / measured ms - 1
 
 The plain error (the predicted step against the setting's measured step, with the base run
-minutes apart) is printed next to it: on a quiet machine the two agree. After the table, where
+minutes apart) is printed next to it: on a quiet machine the two agree. Last on each row, the
+error wherever the measured median may lie in its 90% interval (:func:`median_interval`: the
+pairs' order statistics), and under the table the rows past the worst target even at its nearer
+end: the misses the measurement's own spread does not explain. After the table, where
 each setting's step went in its blocks (rank 0's timeline: step, forward, backward, exposed,
 beside the predicted exposed time); on the lab, each world-size row's error also "on cores of
 its own": its measured step less what the rest of it (all but exposed communication) grew over
@@ -109,6 +112,9 @@ DEFAULTS = {
             "algorithms": "tree,halving_doubling,double_binary_tree,naive,native", "wires": "bf16",
             "world_sizes": "3,4,6,8", "pairs": 15},
 }
+#: A row's measured ratio is a median over its pairs; this is the confidence of the interval it
+#: is printed with (:func:`median_interval`), and of each error's interval beside it.
+MEDIAN_CONFIDENCE = 0.90
 #: The share of this machine's cores that ``--host-cpus share`` leaves to no host: the kernel's
 #: network work (softirq that runs while a host's process is on the core is charged to that
 #: host's quota: this kernel has no IRQ time accounting) and the hypervisor's steal. With every
@@ -502,6 +508,36 @@ def load_measured(path: str) -> dict:
         return json.load(file)
 
 
+def median_interval(values: list[float], confidence: float = MEDIAN_CONFIDENCE) -> tuple[float, float]:
+    """Where the median of what ``values`` sample lies, with at least ``confidence``: the
+    narrowest order-statistic interval ``[x(j), x(n+1-j)]`` that holds it that often. Free of
+    any assumption about the spread (the number of values under the median is binomial with
+    p = 1/2), so the machine's drift and a skewed pair count as they come: for 15 pairs
+    ``x(4)..x(12)`` (96.5%), for 5 the smallest and the largest (93.8%)."""
+    ordered = sorted(values)
+    n = len(ordered)
+
+    def coverage(j: int) -> float:  # 1 - 2 P(fewer than j values under the median)
+        return 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2**n
+
+    j = 1
+    while j + 1 <= (n + 1) // 2 and coverage(j + 1) >= confidence:
+        j += 1
+    return ordered[j - 1], ordered[n - j]
+
+
+def error_interval(predicted_ratio: float, ratios: list[float]) -> tuple[float, float]:
+    """The error ``predicted / measured - 1`` at the two ends of the measured median's interval."""
+    low, high = median_interval(ratios)
+    return predicted_ratio / high - 1, predicted_ratio / low - 1
+
+
+def nearest_error(interval: tuple[float, float]) -> float:
+    """The smallest |error| the measurement allows: 0 when its interval holds no error at all."""
+    low, high = interval
+    return 0.0 if low <= 0 <= high else min(abs(low), abs(high))
+
+
 def report(model_name: str, data: dict, args) -> list[float]:
     """Print one model's table: a row per what-if, predicted from the base run and measured in
     block pairs with it, with its error; return the absolute errors."""
@@ -522,33 +558,46 @@ def report(model_name: str, data: dict, args) -> list[float]:
     print(f"this run: predicted {base_predicted:.1f} ms, measured {p.step_ms:.1f} ms "
           f"({base_predicted / p.step_ms - 1:+.1%}; target within 2%)")
     print(f"{'knob':<14} {'value':<18} {'predicted ms':>13} {'measured ms':>12} {'error':>8}   "
-          f"{'pair ratios':<17} {'plain error':>11}")
-    errors, rows = [], {}
+          f"{'pair ratios':<17} {'plain error':>11}   {f'error if the median is anywhere in its {MEDIAN_CONFIDENCE:.0%} interval'}")
+    errors, rows, nearest = [], {}, {}
     uncertain = {row["value"] for row in what_if(model) if row["knob"] == WIRE and row["uncertain"]}
     for (knob, value), measured in pairs.items():
         ratios = [setting_ms / base_ms for setting_ms, base_ms in measured]
         measured_ratio = statistics.median(ratios)
         if (knob, value) == COPY:
+            low, high = median_interval(ratios)
             print(f"{'(the base against a copy of itself: the measurement)':<60} {measured_ratio - 1:>+8.1%}   "
-                  f"{min(ratios):.2f}-{max(ratios):.2f}")
+                  f"{min(ratios):.2f}-{max(ratios):.2f}{'':<20}   {low - 1:+.1%}..{high - 1:+.1%}")
             continue
         predicted = model.predict(setting_of(knob, value, p)).step_ms
         error = (predicted / base_predicted) / measured_ratio - 1
         base_ms = statistics.median(b for _, b in measured)
         plain = predicted / statistics.median(s for s, _ in measured) - 1
         errors.append(abs(error))
+        interval = error_interval(predicted / base_predicted, ratios)
+        nearest[(knob, value)] = nearest_error(interval)
         rows[(knob, value)] = (predicted / base_predicted * base_ms, measured_ratio * base_ms)
         # Both at the base's speed in these pairs, so that predicted / measured - 1 = error.
         print(f"{knob:<14} {str(value):<18} {predicted / base_predicted * base_ms:>13.1f} {measured_ratio * base_ms:>12.1f} "
-              f"{error:>+8.1%}   {min(ratios):.2f}-{max(ratios):.2f}{'':<8} {plain:>+11.1%}{wire_verdicts(knob, predicted / base_predicted, measured_ratio, value in uncertain)}")
+              f"{error:>+8.1%}   {min(ratios):.2f}-{max(ratios):.2f}{'':<8} {plain:>+11.1%}   "
+              f"{interval[0]:+.1%}..{interval[1]:+.1%}{wire_verdicts(knob, predicted / base_predicted, measured_ratio, value in uncertain)}")
     targets = LAB_TARGETS if args.lab else LOOPBACK_TARGETS
     print(f"{model_name}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
           f"(targets {targets[0]:.0%}, {targets[1]:.0%})")
+    print(beyond_the_measurement(nearest, targets[1]))
     print(recommendation_check(model, pairs))
     print_phases(model, data, rows)
     if not args.lab:
         check_world_sizes(model)
     return errors
+
+
+def beyond_the_measurement(nearest: dict, worst_target: float) -> str:
+    """The rows past the worst target even at the nearer end of their measured interval: the
+    misses the measurement's own spread does not explain."""
+    beyond = [f"{knob}={value} ({error:.1%})" for (knob, value), error in nearest.items() if error > worst_target]
+    return (f"rows past {worst_target:.0%} wherever their medians lie in their {MEDIAN_CONFIDENCE:.0%} intervals: "
+            + (", ".join(beyond) if beyond else "none"))
 
 
 def print_phases(model, data: dict, rows: dict) -> None:

@@ -817,6 +817,25 @@ def test_the_base_against_a_copy_of_itself_is_printed_as_the_measurement_s_own_e
 
 
 @pytest.mark.fast
+def test_each_rows_measured_median_carries_its_order_statistic_interval():
+    """A row's measured ratio is a median of its pairs: the interval printed beside it is the
+    narrowest [x(j), x(n+1-j)] holding the median with 90% (binomial, p = 1/2), and a miss is
+    named as beyond the measurement only when even its interval's nearer end misses."""
+    advisor_accuracy = accuracy_benchmark()
+    fifteen = [1.0 + i / 100 for i in range(15)]  # sorted already: x(j) = 1 + (j - 1)/100
+    assert advisor_accuracy.median_interval(fifteen) == (1.03, 1.11)  # x(4)..x(12): 96.5% (x(5)..x(11): 88.2%)
+    assert advisor_accuracy.median_interval([5.0, 1.0, 3.0, 2.0, 4.0]) == (1.0, 5.0)  # 5 pairs: 93.8%
+    assert advisor_accuracy.median_interval([2.0]) == (2.0, 2.0)
+    low, high = advisor_accuracy.error_interval(1.0, [0.8, 1.0, 1.25])  # predicted 1.00x
+    assert (low, high) == (pytest.approx(-0.2), pytest.approx(0.25))
+    assert advisor_accuracy.nearest_error((low, high)) == 0.0
+    assert advisor_accuracy.nearest_error((-0.14, -0.11)) == pytest.approx(0.11)
+    line = advisor_accuracy.beyond_the_measurement({("accumulate", 4): 0.11, ("wire", "bf16"): 0.02}, 0.10)
+    assert line.endswith("intervals: accumulate=4 (11.0%)")
+    assert advisor_accuracy.beyond_the_measurement({("wire", "bf16"): 0.02}, 0.10).endswith(": none")
+
+
+@pytest.mark.fast
 def test_a_saved_lab_run_is_judged_as_a_lab_run_without_lab():
     """``--load`` of a lab run's file once printed loopback's header and worst target (15%, not
     10%) and no world-size rows unless ``--lab`` was given again."""

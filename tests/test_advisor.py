@@ -48,8 +48,8 @@ def ring_ms(nbytes: float, alpha: float = ALPHA_MS, beta: float = BETA_MS) -> fl
 
 
 def timeline(*, ready, lanes=1, k=1, forward=10.0, backward=20.0, optimizer=1.0, rest=2.0, micro=None,
-             other_cpu=0.0, cpu_count=64, steps=4, hook=0.0):
-    """Timeline records of a run whose buckets take exactly the α-β ring time.
+             other_cpu=0.0, cpu_count=64, steps=4, hook=0.0, beta=BETA_MS):
+    """Timeline records of a run whose buckets take exactly the α-β ring time (``beta``: ms per byte).
 
     Parameters (registration order) are [3 MiB, 1 MiB]: with DDP's default limits the rebuilt
     buckets are [1 MiB, 3 MiB] (the last parameter first, the 1 MiB first bucket closes).
@@ -59,7 +59,7 @@ def timeline(*, ready, lanes=1, k=1, forward=10.0, backward=20.0, optimizer=1.0,
     free, buckets = [float("-inf")] * lanes, []
     for i, (n, r) in enumerate(zip(sizes, ready)):
         start = max(r, free[i % lanes])
-        end = free[i % lanes] = start + ring_ms(n)
+        end = free[i % lanes] = start + ring_ms(n, beta=beta)
         buckets.append(TimelineBucket(index=i, nbytes=n, ready_ms=r, start_ms=start, end_ms=end, cpu_ms=0.0,
                                       call_ms=hook))
     exposed = max(b.end_ms for b in buckets) - backward
@@ -1178,16 +1178,50 @@ def test_a_row_whose_error_bar_is_wider_than_its_gain_says_so_and_is_not_recomme
     """The error bar: the network at the probe's fastest and median blocks (on one host, as the
     probe read them); on two hosts each also scaled to the run's fastest and slowest step on its
     link (the run measures its own wire's rate), so there the run's scatter makes it wide."""
-    records = timeline(ready=[20.0, 20.0], steps=5)
     if where == "two hosts":
-        records = _link_scattered(records, (1.0, 0.2, 1.0, 3.0, 1.0))
-    advice = advise(_probed(records, probe_samples(50e-6, 50e6, 0.1e-9, spread=0.6)))
+        records, spread = _link_scattered(timeline(ready=[20.0, 20.0], steps=5), (1.0, 0.2, 1.0, 3.0, 1.0)), 0.6
+    else:  # buckets at half the probe's 50 MB/s (a probe slower than them was slowed: slowed_probe_scale),
+        # the first one hidden: a probe's scatter alone makes the bar, wide around its small gains
+        records, spread = timeline(ready=[2.0, 20.0], steps=5, beta=2 * 1e3 / 50e6), 0.9
+    advice = advise(_probed(records, probe_samples(50e-6, 50e6, 0.1e-9, spread=spread)))
     uncertain = [r for r in advice["what_if"] if r["uncertain"]]
     assert uncertain and all(could_go_either_way(r["speedup_range"], r["speedup"]) for r in uncertain)
     assert not [r for r in advice["what_if"] if not r["uncertain"] and not r["this_run"] and r["speedup_range"]
                 and could_go_either_way(r["speedup_range"], r["speedup"])]
     assert (advice["recommendation"]["knob"], advice["recommendation"]["value"]) not in {(r["knob"], r["value"]) for r in uncertain}
     assert "(uncertain: its error bar is wider than its gain or reaches past no change)" in format_advice(advice)
+
+
+@pytest.mark.fast
+def test_a_probe_slower_than_the_runs_own_largest_bucket_on_one_host_is_scaled_down_to_it():
+    """On one host a bucket in training shares the cores with backward, so it takes at least
+    the probe's price of it: a probe that prices it slower was slowed as a whole (loopback run
+    3 of the tenth series: a 5 MiB bucket that took 3.2 ms priced at 5.2), and every cost is
+    scaled until that bucket costs what it took. A probe no slower, or ranks on two hosts, keep
+    theirs."""
+    from ddp_ring_hooks.advisor.network import from_probe
+    from ddp_ring_hooks.advisor.step_model import slowed_probe_scale
+
+    records = timeline(ready=[20.0, 20.0])  # buckets at 1 GB/s
+    slowed = step_model(_probed(records, probe_samples(50e-6, 50e6, 1e-9)))  # a probe at 50 MB/s
+    p = slowed.profile
+    largest = max(p.buckets, key=lambda b: b.nbytes)
+    assert largest.nbytes == 3 * MIB and slowed.network.cost_ms("ring", largest.nbytes, 2) == pytest.approx(ring_ms(3 * MIB))
+    raw = from_probe(p.probe, algorithm="ring", world_size=2)
+    scale = ring_ms(3 * MIB) / raw.cost_ms("ring", largest.nbytes, 2)
+    links, scaled_links = raw.calibration("ring"), slowed.network.calibration("ring")
+    assert scale < 0.1 and all(getattr(scaled_links, k) == pytest.approx(scale * getattr(links, k))
+                               for k in ("alpha", "beta", "gamma", "per_call"))
+    assert slowed.network.bounds[0].calibration("ring").beta == pytest.approx(scale * raw.bounds[0].calibration("ring").beta)
+    assert f"every cost scaled by {scale:.2f}" in slowed.network.source
+    assert f"every cost scaled by {scale:.2f}" in advise(_probed(records, probe_samples(50e-6, 50e6, 1e-9)))["model"]["network"]["source"]
+    # a probe as fast as the buckets, or faster: as it read
+    for rate in (1e9, 2e9):
+        kept = step_model(_probed(records, probe_samples(ALPHA_MS * 1e-3, rate, 0.0)))
+        assert slowed_probe_scale(kept.profile, kept.network) == 1.0 and "scaled" not in kept.network.source
+    # two hosts: the link's own rate comes from the probe's large blocks (link_scale), not this
+    two_hosts = [dataclasses.replace(records[0], nodes=(0, 1), local_world_size=1), *records[1:]]
+    assert "scaled" not in step_model(_probed(two_hosts, probe_samples(50e-6, 50e6, 1e-9))).network.source
 
 
 @pytest.mark.fast

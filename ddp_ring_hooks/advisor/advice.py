@@ -44,7 +44,7 @@ from .network import Network, from_probe, from_run, gather_equivalent_bytes
 from .profile import TimelineRecord, profile_run
 from .ring_order import RingOrderNote, ring_order_note
 from .sparse_verdict import sparse_verdicts
-from .step_model import Setting, StepModel, run_setting, setting_options
+from .step_model import Setting, StepModel, run_setting, setting_options, slowed_probe_scale
 from .step_model import priced as priced_as
 
 BUCKET_CAPS_MB = (1, 5, 10, 25, 50, 100)
@@ -69,6 +69,11 @@ def step_model(records: Sequence[TimelineRecord], *, network: Network | None = N
     if network is None and profile.probe:
         network = from_probe(profile.probe, algorithm=profile.probe_algorithm, world_size=profile.world_size,
                              options=setting_options(profile, run_setting(profile)) if profile.probe_algorithm == profile.algorithm else {})
+        scale = slowed_probe_scale(profile, network)
+        if scale < 1:
+            network = network.scaled(scale, (
+                f"every cost scaled by {scale:.2f}: it priced the run's largest bucket slower than training ran "
+                f"it beside backward, so the probe itself was slowed (step_model.slowed_probe_scale)"))
     return StepModel(profile, run_network, network or run_network)
 
 

@@ -114,6 +114,16 @@ class Network:
     def calibration(self, algorithm: str) -> Links:
         return self.calibrations.get(algorithm) or self.calibrations[ANY]
 
+    def scaled(self, factor: float, why: str) -> Network:
+        """This network with every cost (α, β, γ, per call; a node's links too) times ``factor``,
+        its error bar and its large blocks alike, and ``why`` added to its source."""
+        return replace(
+            self, source=f"{self.source}; {why}",
+            calibrations={name: _scaled_links(links, factor) for name, links in self.calibrations.items()},
+            bounds=None if self.bounds is None else tuple(b.scaled(factor, why) for b in self.bounds),
+            large_blocks=None if self.large_blocks is None else tuple((n, ms * factor) for n, ms in self.large_blocks),
+        )
+
     def terms(self, algorithm: str, nbytes: float, world_size: int, **options) -> tuple[CostTerms, Links]:
         """The cost terms of one all-reduce of ``nbytes`` and the links that price them (a
         ``ValueError`` when a two-tier network has no shape for ``world_size`` ranks)."""
@@ -241,6 +251,12 @@ def from_probe(
     return replace(network(links, source, lower_quartile),
                    bounds=(network(fitted.fastest, "the probe's fastest blocks", min),
                            network(fitted.slowest, "the probe's median blocks", statistics.median)))
+
+
+def _scaled_links(links: Links, factor: float) -> Links:
+    return replace(links, alpha=links.alpha * factor, beta=links.beta * factor, gamma=links.gamma * factor,
+                   per_call=links.per_call * factor,
+                   local=None if links.local is None else _scaled_links(links.local, factor))
 
 
 def unpriced_costs(links: Links) -> list[str]:

@@ -309,6 +309,35 @@ def link_scale(profile: RunProfile, network: Network, busy: str = "median") -> f
     return measured / link if link > 0 and measured > 0 else 1.0
 
 
+#: A probe that prices the run's largest bucket this much of its time or more is taken as it
+#: read (rounding, a block's scatter); under it, as slowed (:func:`slowed_probe_scale`).
+SLOWED_PROBE = 0.95
+
+
+def slowed_probe_scale(profile: RunProfile, network: Network) -> float:
+    """On one host, what a probe slowed as a whole is scaled by: the run's largest bucket's own
+    time over the probe's price of it, when that is under :data:`SLOWED_PROBE` (else 1).
+
+    In training a bucket shares the cores with backward and the other rank's work, so on one
+    host it takes longer than the probe's all-reduce of as many bytes alone: its largest
+    bucket (the most bandwidth-bound) took 1.3x its price in five of six loopback runs
+    (``advisor_accuracy.py``, the tenth series). A probe that prices it slower than it ran was
+    slowed itself, every block and every size (a busy moment when the hook was registered: in
+    the sixth run the 5 MiB bucket that took 3.2 ms in all six was priced 5.2 ms, 2.3-2.5 ms in
+    the others), and every row it prices, α, β and the casts alike, is as slow: the advice
+    scales them all until that bucket costs what it took (the least correction the run
+    proves). On several hosts the link's own rate comes from the probe's large blocks
+    (:func:`link_scale`) and a bucket's time holds waits the probe does not; 1 there."""
+    if not profile.one_host or not profile.buckets:
+        return 1.0
+    setting = run_setting(profile)
+    largest = max(profile.buckets, key=lambda b: b.nbytes)
+    price = network.cost_ms(setting.algorithm, priced(largest), setting.world_size,
+                            **setting_options(profile, setting))
+    took = largest.service_ms or largest.comm_ms
+    return took / price if price > 0 and 0 < took < SLOWED_PROBE * price else 1.0
+
+
 def shared_ways(profile: RunProfile) -> float | None:
     """On one host, the ways the run's own algorithm held on average (2 for the ring: both at
     once; 1 for a tree: one at a time): what the network fitted to it priced a byte at

@@ -650,7 +650,11 @@ def recommendation_check(model, pairs: dict) -> str:
     the gain, world size never): once on the predicted speedups, once on the measured ones
     (samples per second against the base: ``k / ratio`` for ``k`` accumulation steps). Judged
     only where the measured pick gains more than :data:`RECOMMENDATION_MATTERS`; right when the
-    predicted pick is it, or measured within :data:`RECOMMENDATION_SLACK` of its gain."""
+    predicted pick is it, or measured within :data:`RECOMMENDATION_SLACK` of its gain.
+
+    A wrong pick is also judged against the measurement's own spread (:func:`settled_by_the_measurement`):
+    the rule's thresholds can fall between two settings whose measured medians each lie
+    a few percent from their true values."""
     p = model.profile
     base_ms = model.predict(setting_of("base", None, p)).step_ms  # both sides against the base, as the errors are
     predicted_rows, measured_rows = [], []
@@ -662,9 +666,11 @@ def recommendation_check(model, pairs: dict) -> str:
         row = {"knob": knob, "value": value, "this_run": False, "uncertain": False, "step_ms": prediction.step_ms,
                "comm_ms": prediction.comm_ms, "exposed_ms": prediction.exposed_ms}
         samples = value if knob == "accumulate" else 1
-        measured_speedup = samples / statistics.median(s / b for s, b in measured)
+        ratios = [s / b for s, b in measured]
+        low, high = median_interval(ratios)
         predicted_rows.append({**row, "speedup": samples / (prediction.step_ms / base_ms)})
-        measured_rows.append({**row, "speedup": measured_speedup})
+        measured_rows.append({**row, "speedup": samples / statistics.median(ratios),
+                              "interval": (samples / high, samples / low)})
     if not predicted_rows:
         return "recommendation: no setting measured that it could recommend"
     picked, best = recommend(model, predicted_rows), recommend(model, measured_rows)
@@ -679,8 +685,27 @@ def recommendation_check(model, pairs: dict) -> str:
             f"measured best {named(best)} ({wanted:.2f}x)")
     if wanted - 1 <= RECOMMENDATION_MATTERS:
         return f"{line}: no measured gain over {RECOMMENDATION_MATTERS:.0%}, not judged"
-    right = got >= wanted * (1 - RECOMMENDATION_SLACK)
-    return f"{line}: {'right' if right else 'WRONG'} (target: the measured best or within {RECOMMENDATION_SLACK:.0%} of it)"
+    target = f"(target: the measured best or within {RECOMMENDATION_SLACK:.0%} of it)"
+    if got >= wanted * (1 - RECOMMENDATION_SLACK):
+        return f"{line}: right {target}"
+    return f"{line}: WRONG {target}; {settled_by_the_measurement(model, measured_rows, picked)}"
+
+
+def settled_by_the_measurement(model, measured_rows: list[dict], picked: dict) -> str:
+    """Whether the measurement itself rules the predicted pick out: the advisor's rule run once
+    more with the pick's measured speedup at the top of its median's interval
+    (:data:`MEDIAN_CONFIDENCE`) and every other row's at the bottom, the corner most in the
+    pick's favour (the rule only ever prefers a row for a higher speedup, its own or the knee's
+    share of the largest). If it still picks something else, the pick was wrong whatever the
+    medians' spread; if not, the two settings lie within the measurement of each other."""
+    mine = (picked["knob"], picked["value"])
+    favoured = [{**row, "speedup": row["interval"][1] if (row["knob"], row["value"]) == mine else row["interval"][0]}
+                for row in measured_rows]
+    again = recommend(model, favoured)
+    if (again["knob"], again["value"]) == mine:
+        return (f"within the measurement: with its median at the top of its {MEDIAN_CONFIDENCE:.0%} interval "
+                f"({picked['knob']}={picked['value']}) and the others' at the bottom, it is the measured best")
+    return f"beyond the measurement: even at the ends of the {MEDIAN_CONFIDENCE:.0%} intervals most in its favour, it is not"
 
 
 def wire_verdicts(knob: str, predicted_ratio: float, measured_ratio: float, uncertain: bool = False) -> str:

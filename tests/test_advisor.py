@@ -26,7 +26,7 @@ from ddp_ring_hooks.advisor import (
     run_setting,
     step_model,
 )
-from ddp_ring_hooks.advisor.advice import could_go_either_way
+from ddp_ring_hooks.advisor.advice import could_go_either_way, recommend
 from ddp_ring_hooks.advisor.bucketing import MIB, assign_buckets, bucket_limits, rebuilt_bucket_bytes
 from ddp_ring_hooks.advisor.link_directions import counted_directions, link_directions
 from ddp_ring_hooks.advisor.network import DENSIFY, GATHER, SparseBucket, bucket_cost
@@ -833,6 +833,29 @@ def test_each_rows_measured_median_carries_its_order_statistic_interval():
     line = advisor_accuracy.beyond_the_measurement({("accumulate", 4): 0.11, ("wire", "bf16"): 0.02}, 0.10)
     assert line.endswith("intervals: accumulate=4 (11.0%)")
     assert advisor_accuracy.beyond_the_measurement({("wire", "bf16"): 0.02}, 0.10).endswith(": none")
+
+
+@pytest.mark.fast
+def test_a_wrong_recommendation_says_whether_the_measurements_spread_could_make_it_the_best():
+    """Accumulation's knee (the smallest k with 80% of the largest gain) can fall between two k
+    whose medians lie a few percent apart: k = 4 at 1.15x against k = 8 at 1.25x picks k = 8, while
+    with k = 4 at the top of its interval and k = 8 at the bottom the rule picks k = 4. Intervals
+    that do not reach that far leave the pick wrong beyond the measurement."""
+    advisor_accuracy = accuracy_benchmark()
+    model = step_model(timeline(ready=[2.0, 20.0]))
+
+    def rows(k4: tuple[float, float, float], k8: tuple[float, float, float]) -> list[dict]:
+        return [{"knob": "accumulate", "value": k, "this_run": False, "uncertain": False, "speedup": median,
+                 "interval": (low, high), "comm_ms": 1.0, "exposed_ms": 1.0}
+                for k, (low, median, high) in ((4, k4), (8, k8))]
+
+    k4 = {"knob": "accumulate", "value": 4}
+    # Each end counts: k = 4's median against k = 8's bottom, or its top against k = 8's median, picks k = 8.
+    close = rows((1.12, 1.15, 1.18), (1.20, 1.25, 1.30))
+    assert recommend(model, close)["value"] == 8  # at the medians
+    assert advisor_accuracy.settled_by_the_measurement(model, close, k4).startswith("within the measurement")
+    apart = rows((1.13, 1.15, 1.155), (1.20, 1.25, 1.30))
+    assert advisor_accuracy.settled_by_the_measurement(model, apart, k4).startswith("beyond the measurement")
 
 
 @pytest.mark.fast

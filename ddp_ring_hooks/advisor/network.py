@@ -110,6 +110,11 @@ class Network:
     #: scales the link's price to (:func:`~.step_model.link_scale`). ``None``: no probe, or one
     #: with a single large size (timelines before the tenth series).
     large_blocks: tuple[tuple[int, float], tuple[int, float]] | None = None
+    #: The run's own network this one was laid out from (``advise --placement`` without
+    #: ``--latency``: the run's probe on each node's uplink). The step model calibrates the run's
+    #: own setting on it, so that the calibration's offset is what that network leaves
+    #: unexplained, not what the run's bucket fit does (``None``: a network given as it is).
+    laid_out_from: Network | None = None
 
     def calibration(self, algorithm: str) -> Links:
         return self.calibrations.get(algorithm) or self.calibrations[ANY]

@@ -433,8 +433,9 @@ class StepModel:
         Calibrated on the run with the network that prices the prediction when it was measured
         here (the run's buckets, its probe): the run's own setting then comes out exactly. Such
         a network is this run's link (:attr:`own_link`); another cluster's network is full
-        duplex, as given."""
-        calibrated_with = self.network if self.network.here else self.run_network
+        duplex, as given; one laid out from this run's own network (two tiers from its probe) is
+        calibrated on that network, so that the two differ by the layout alone."""
+        calibrated_with = self.network if self.network.here else (self.network.laid_out_from or self.run_network)
         return _model(self.profile, calibrated_with, run_setting(self.profile), self.contention_per_cpu_ms,
                       self.own_link or OwnLink(1.0, shared_ways(self.profile)))
 

@@ -67,8 +67,9 @@ def placed_on_this_run(records, args: argparse.Namespace):
         local = Links(parse_time(args.local_latency) if args.local_latency else uplink.alpha,
                       1 / parse_bandwidth(args.local_bandwidth) if args.local_bandwidth else uplink.beta)
     network = from_two_tier(two_tier_network(args.placement, replace(uplink, local=local)))
-    return replace(network, source=f"{network.source.replace('given, ', '', 1)}; the uplink is this run's own network "
-                                   f"({measured.source.split(':')[0]}), one tier measured, two predicted")
+    return replace(network, laid_out_from=measured,
+                   source=f"{network.source.replace('given, ', '', 1)}; the uplink is this run's own network "
+                          f"({measured.source.split(':')[0]}), one tier measured, two predicted")
 
 
 def network_from_args(args: argparse.Namespace, *, world_size: int | None = None, records=None):

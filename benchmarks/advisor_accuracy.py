@@ -259,8 +259,10 @@ class Trainer:
         self.model_name, self.accumulate = model_name, accumulate
         self.model = DistributedDataParallel(module, process_group=group,
                                              **({} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}))
-        # Only the run the advisor reads probes the network (as a user's run would, when registered).
-        self.state = ddp_ring_hooks.register(self.model, algorithm=algorithm, wire_dtype=wire, network_probe=probe)
+        # Only the run the advisor reads probes the network (as a user's run would, when registered)
+        # and gathers the ranks' arrivals at diagnose's cadence (the first steps, then <= 1% of a step).
+        self.state = ddp_ring_hooks.register(self.model, algorithm=algorithm, wire_dtype=wire, network_probe=probe,
+                                             **({"spread_every": "auto"} if probe else {}))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3)
         self.generator = torch.Generator().manual_seed(1)
 
@@ -382,7 +384,7 @@ def merge_runs(runs: list[list[TimelineRecord]]) -> list[TimelineRecord]:
 
 def median_step_ms(records: list[TimelineRecord]) -> float:
     """Median optimizer step (wall clock between step starts), leaving out step 1."""
-    return statistics.median(r.step_ms for r in records[2:])
+    return statistics.median(r.step_ms for r in records[2:] if isinstance(r, TimelineStep))
 
 
 def variants_of(args) -> tuple[dict, list[tuple[str, object, dict]]]:

@@ -1398,3 +1398,69 @@ def test_two_tiers_from_a_one_tier_run_are_calibrated_on_the_network_they_were_l
     advice = json.loads(capsys.readouterr().out)
     own = next(r for r in advice["what_if"] if r["knob"] == "world_size" and r["this_run"])
     assert own["step_ms"] == pytest.approx(records[1].step_ms, rel=0.02), own
+
+
+# -- the wait for the latest rank (advisor/latest_rank.py) ----------------------------------------
+
+
+def _arrivals(lateness_ms: list[float], first_step: int = 1):
+    """Arrivals of 2 ranks: in each step rank 1 hands its last bucket over ``d`` ms after rank 0."""
+    from ddp_ring_hooks.telemetry.timeline_records import TimelineArrivals
+
+    return [TimelineArrivals(step=first_step + i, last_ms=(0.0, d)) for i, d in enumerate(lateness_ms)]
+
+
+@pytest.mark.fast
+def test_the_latest_of_p_draws_has_its_closed_form_and_two_ranks_differences_scale_to_one_ranks_lateness():
+    from ddp_ring_hooks.advisor.latest_rank import arrival_lateness, expected_latest_ms, latest_rank_wait_ms
+
+    a = 7.0
+    # Draws -a and +a equally likely: the latest of p is -a only when all p are, (1/2)^p.
+    for p in (1, 2, 3, 8, 64):
+        assert expected_latest_ms([-a, a], p) == pytest.approx(a * (1 - 2 ** (1 - p)))
+    assert latest_rank_wait_ms([-a, a], 8, 2) == pytest.approx(a * (0.5 - 2 ** -7))
+    assert latest_rank_wait_ms([-a, a], 2, 2) == 0.0 and latest_rank_wait_ms(None, 8, 2) == 0.0
+    assert latest_rank_wait_ms([-a, a], 1, 2) == pytest.approx(-a / 2)  # one rank waits for nobody
+    # Two ranks apart by d: each is d/2 from their mean, which moves with them; one rank's own
+    # lateness scatters by sqrt(2) more: d/sqrt(2).
+    d = 10.0
+    lateness = arrival_lateness(_arrivals([d, -d, d, d]), world_size=2, first_step=1)
+    assert lateness == pytest.approx(sorted([d / 2 ** 0.5, -d / 2 ** 0.5] * 4))
+    # The steps before the measured ones, a step with a rank unknown (NaN) or of another group
+    # size are left out; fewer than three steps price nothing.
+    from ddp_ring_hooks.telemetry.timeline_records import TimelineArrivals
+
+    mixed = [*_arrivals([d, d, d], first_step=2), TimelineArrivals(step=9, last_ms=(0.0, float("nan"))),
+             TimelineArrivals(step=10, last_ms=(0.0, 1.0, 2.0)), *_arrivals([100.0])]
+    assert len(arrival_lateness(mixed, world_size=2, first_step=2)) == 6
+    assert arrival_lateness(mixed[:2], world_size=2, first_step=2) is None
+    assert arrival_lateness(_arrivals([d] * 5), world_size=1, first_step=1) is None
+
+
+@pytest.mark.fast
+def test_a_larger_world_waits_for_its_latest_rank_in_the_world_size_rows_only():
+    """With the run's arrivals, every world-size row's exposed time (and step) moves by the
+    closed form's difference over the same run without them; the run's own row and every other
+    knob stay as they were; the advice names the term, and says when it is not priced."""
+    plain = timeline(ready=[2.0, 20.0], steps=6)
+    d = 12.0
+    gathered = [*plain, *_arrivals([d, -d, d, -d, d, -d], first_step=2)]
+    with_wait, without = advise(gathered), advise(plain)
+    lateness = d / 2 ** 0.5
+    for row, base in zip(with_wait["what_if"], without["what_if"]):
+        assert (row["knob"], row["value"]) == (base["knob"], base["value"])
+        if row["knob"] == "world_size":
+            wait = lateness * ((1 - 2 ** (1 - row["value"])) - 0.5)  # E[latest of p] - E[latest of 2]
+            assert row["exposed_ms"] - base["exposed_ms"] == pytest.approx(wait, abs=1e-9)
+            assert row["step_ms"] - base["step_ms"] == pytest.approx(wait, abs=1e-9)
+        else:
+            assert row["step_ms"] == pytest.approx(base["step_ms"]), row
+    assert with_wait["model"]["reproduced_error"] == pytest.approx(0.0, abs=1e-12)
+    found = json.loads(json.dumps(with_wait))["model"]["latest_rank"]
+    assert found["samples"] == 12 and found["latest_seen_ms"] == pytest.approx(lateness)
+    assert {"world_size": 8, "wait_ms": pytest.approx(lateness * (0.5 - 2 ** -7))} in found["waits"]
+    assert any("the wait for the latest rank, from 6 steps' arrivals of this run's 2 ranks" in n
+               for n in with_wait["model"]["notes"])
+    assert without["model"]["latest_rank"] is None
+    assert any("the wait for the latest of more ranks is not priced" in n and "diagnose=True" in n
+               for n in without["model"]["notes"])

@@ -68,7 +68,10 @@ def test_a_telemetry_object_writes_the_advisors_timeline_under_its_log_dir(train
     with open(path) as file:
         lines = [json.loads(line) for line in file]
     assert lines[0]["type"] == "run" and lines[0]["world_size"] == 2
-    assert [line["step"] for line in lines[1:]] == [1, 2, 3, 4]  # the hook's steps; step 5 never ends
+    steps = [line["step"] for line in lines[1:] if line["type"] == "step"]
+    assert steps == [1, 2, 3, 4]  # the hook's steps; step 5 never ends
+    # spread_every=1: every step's arrivals too, for the advisor's wait for the latest rank
+    assert [line["step"] for line in lines[1:] if line["type"] == "arrivals"] == [1, 2, 3, 4, 5]
 
 
 def test_a_telemetry_option_given_both_ways_is_refused_naming_it(trained):

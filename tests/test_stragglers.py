@@ -100,6 +100,25 @@ def test_delayed_rank_is_named_with_its_cost(tmp_path, world_size, delayed_rank)
         assert all((a == b).all() for a, b in zip(grads, results[0][2]))
     if world_size == 3:
         _check_merged_trace(os.path.join(str(tmp_path), TRACE_FILE), world_size, delayed_rank)
+    _check_timeline_arrivals(str(tmp_path), results[0][0], delayed_rank)
+
+
+def _check_timeline_arrivals(log_dir: str, gathered: list[RankArrivals], delayed_rank: int) -> None:
+    """The advisor's timeline holds every gathered step's arrivals, relative to rank 0's, and
+    prices the latest rank from them: the delayed rank is the late one."""
+    from ddp_ring_hooks.advisor import advise
+    from ddp_ring_hooks.telemetry.timeline import read_timeline
+    from ddp_ring_hooks.telemetry.timeline_records import TimelineArrivals
+
+    records = read_timeline(log_dir)
+    arrived = [r for r in records if isinstance(r, TimelineArrivals)]
+    assert [a.step for a in arrived] == [r.step for r in gathered]
+    for a, r in zip(arrived, gathered):
+        assert a.last_ms == pytest.approx([t - r.last_ms[0] for t in r.last_ms])
+    late = [a.last_ms[delayed_rank] - statistics.median(a.last_ms) for a in arrived if a.step > SKIP]
+    assert statistics.median(late) == pytest.approx(DELAY_S * 1e3, rel=0.3)
+    waits = {w["world_size"]: w["wait_ms"] for w in advise(records)["model"]["latest_rank"]["waits"]}
+    assert 0 < waits[8] < waits[64], waits  # a larger world waits for a later latest rank
 
 
 DIAGNOSED_STEPS = 40

@@ -44,6 +44,7 @@ from .network import Network, from_probe, from_run, gather_equivalent_bytes
 from .profile import TimelineRecord, profile_run
 from .ring_order import RingOrderNote, ring_order_note
 from .sparse_verdict import sparse_verdicts
+from .latest_rank import latest_rank_wait_ms
 from .step_model import Setting, StepModel, run_setting, setting_options, slowed_probe_scale
 from .step_model import priced as priced_as
 
@@ -155,6 +156,28 @@ def other_world_size_note(model: StepModel) -> list[str]:
             f"are carried over to {p} ranks (a bench at {measured_at} ranks times its own algorithms' steps there); "
             f"for prices at {p} ranks, bench on {p} ranks (`torchrun --nproc_per_node={p} -m ddp_ring_hooks bench "
             f"--json FILE`)"]
+
+
+def latest_rank(model: StepModel) -> dict | None:
+    """What waiting for the latest rank adds at each world size the table shows, over the run's
+    own (:mod:`.latest_rank`), from the run's arrivals; ``None`` when it gathered too few."""
+    lateness, p = model.profile.arrival_lateness, model.profile.world_size
+    if lateness is None:
+        return None
+    return {"samples": len(lateness), "latest_seen_ms": max(lateness),
+            "waits": [{"world_size": size, "wait_ms": latest_rank_wait_ms(lateness, size, p)} for size in world_sizes(p)]}
+
+
+def latest_rank_note(model: StepModel) -> str:
+    """The world-size rows' wait for the latest rank: what it adds, or that it is not priced."""
+    found = latest_rank(model)
+    if found is None:
+        return ("world_size: the wait for the latest of more ranks is not priced (this run gathered no arrivals: "
+                "register with diagnose=True or spread_every to price it)")
+    p = model.profile.world_size
+    adds = ", ".join(f"{w['wait_ms']:+.1f} ms at {w['world_size']}" for w in found["waits"] if w["world_size"] != p)
+    return (f"world_size: the wait for the latest rank, from {found['samples'] // p} steps' arrivals of this run's {p} ranks "
+            f"(up to {found['latest_seen_ms']:.1f} ms late): {adds} (a floor for worlds far larger than the samples)")
 
 
 def what_if(model: StepModel) -> list[dict]:
@@ -307,6 +330,7 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
         f"contention of hidden communication: {p.contention_ms:.1f} ms per step, {p.contention_source}",
         "accumulate k: the effective batch grows k-fold (k x micro-batch x world size samples per step)",
         "world_size: the same micro-batch per rank on more ranks (weak scaling); speedup counts all ranks' samples",
+        latest_rank_note(model),
         *own_link_note(model),
         *(priced_as_note(a, model.network) for a in algorithm_names() if get_algorithm(a).cost is None),
         *foreign_network_note(model),
@@ -330,6 +354,7 @@ def advise(records: Sequence[TimelineRecord], *, network: Network | None = None)
             "own_link": None if model.own_link is None else dataclasses.asdict(model.own_link),
             "contention_ms": p.contention_ms,
             "contention_source": p.contention_source,
+            "latest_rank": latest_rank(model),
             "clean_micro_ms": p.clean_micro_ms,
             "buckets": [b.nbytes for b in p.buckets],
             "default_bucket_cap": p.default_bucket_cap,

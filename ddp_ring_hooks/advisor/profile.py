@@ -19,6 +19,8 @@ How a step splits (``k`` micro-batches, the last one synchronizes)::
   over before the last one (``call_ms``, timeline version 6): backward waits for it, and only
   the synchronizing micro-batch calls the hook. Another bucket count costs backward as many
   hook calls.
+- ``arrival_lateness``: how far the ranks' last hand-overs scatter, on the steps that gathered
+  them (:mod:`.latest_rank`): what a larger world waits for.
 
 - ``rest``: what is left of the step (data loading, DDP's finalize, the training loop).
 - ``contention``: when the run had ``k > 1``, the synchronizing micro-batch's extra time over
@@ -39,7 +41,8 @@ from dataclasses import dataclass
 
 from ..schedules import BOTH, wire_of
 from ..telemetry.records import busy_ms
-from ..telemetry.timeline_records import TimelineRecord, TimelineRun, TimelineStep
+from ..telemetry.timeline_records import TimelineArrivals, TimelineRecord, TimelineRun, TimelineStep
+from .latest_rank import arrival_lateness
 from .link_directions import BOTH_WAYS, HOLDS, Directions, link_directions
 
 
@@ -116,6 +119,9 @@ class RunProfile:
     #: From a bucket's hand-over to its start when its lane was free (:func:`pickup_ms`): the
     #: worker's wake-up, which the replay adds to every bucket's start.
     pickup_ms: float = 0.0
+    #: one rank's lateness at its last hand-over, as draws (ms, sorted; :func:`~.latest_rank.arrival_lateness`):
+    #: ``None`` when the run gathered too few steps' arrivals (no ``spread_every``, ``diagnose``)
+    arrival_lateness: tuple[float, ...] | None = None
 
     @property
     def calls_ms(self) -> float:
@@ -254,6 +260,8 @@ def profile_run(records: Sequence[TimelineRecord]) -> RunProfile:
         options=run.options, probe=run.probe, probe_algorithm=run.probe_algorithm, param_sparse=run.param_sparse,
         link_busy_ms=(busy[0], statistics.median(busy), busy[-1]), call_ms=call,
         pickup_ms=pickup_ms(steps, run.concurrent_buckets),
+        arrival_lateness=arrival_lateness([r for r in records if isinstance(r, TimelineArrivals)], run.world_size,
+                                          first_step=steps[0].step),
     )
 
 

@@ -33,6 +33,10 @@
    that, a network measured here is fitted to the run's own link (:class:`OwnLink`): on
    several hosts its β scaled to the link time the run measured, on one host the link's two
    ways one resource.
+7. **The latest rank.** Every step waits for the latest of its ranks to hand its last bucket
+   over; a larger world's latest is later. From the run's arrivals (the steps that gathered
+   them), a row of another world size waits the difference (:mod:`.latest_rank`), in its
+   exposed time.
 
 Samples per step grow as ``k · p``: the effective batch grows with accumulation ``k``
 (that changes the optimization) and with the world size ``p``.
@@ -47,6 +51,7 @@ from ..schedules import algorithm_names, resolve_options, with_wire
 from .bucketing import bucket_limits, rebuilt_bucket_bytes
 from .network import DENSIFY, GATHER, Network, SparseBucket, bucket_cost, bytes_factor
 from .profile import BucketProfile, RunProfile, calls_ms
+from .latest_rank import latest_rank_wait_ms
 from .ready_curve import ReadyCurve
 from .link_directions import link_directions, ways_held
 from .replay import BucketCost, replay
@@ -443,7 +448,9 @@ class StepModel:
         """The predicted step of ``setting`` (see the module docstring)."""
         here = self._run_replayed
         raw = _model(self.profile, self.network, setting, self.contention_per_cpu_ms, self.own_link or FULL_DUPLEX)
-        exposed = max(0.0, raw.exposed_ms + (self.profile.exposed_ms - here.exposed_ms))
+        # The run's exposed time holds its own world's wait for the latest rank; another world's differs.
+        later = latest_rank_wait_ms(self.profile.arrival_lateness, setting.world_size, self.profile.world_size)
+        exposed = max(0.0, raw.exposed_ms + (self.profile.exposed_ms - here.exposed_ms) + later)
         # Contention the bytes moved behind backward do not explain (measured with nothing
         # hidden: the synchronizing micro-batch's own overhead) is a constant of the step, too.
         contention = max(0.0, raw.contention_ms + (self.profile.contention_ms - here.contention_ms))

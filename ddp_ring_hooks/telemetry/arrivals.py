@@ -36,8 +36,11 @@ class ArrivalGather(Watcher):
     """Every rank's arrival, recorded through the recorder ``recorder`` (a :class:`~.recorder.Telemetry`),
     and the tally of who arrived last (:class:`~.stragglers.StragglerTally`) for the summary."""
 
-    def __init__(self, recorder) -> None:
+    def __init__(self, recorder, timeline=None) -> None:
         self.recorder = recorder
+        #: the advisor's :class:`~.timeline.Timeline` (the observation sets it): told each spread
+        #: step's arrivals, for the wait a larger world adds
+        self.timeline = timeline
         self._tally = StragglerTally(window=recorder.options.summary_window)
         self._lock = threading.Lock()  # the exchange worker adds, the summary reads
 
@@ -67,6 +70,8 @@ class ArrivalGather(Watcher):
         if self.recorder.spreads_at(step.step):
             with self._lock:
                 self._tally.add(arrivals)
+            if self.timeline is not None:
+                self.timeline.arrived(step.step, arrivals.last_ms)
             self.recorder.record(arrivals, group=step.group)
         else:  # a trace step only: its arrival track, no scalars
             self.recorder.record(Trace(step.step, tuple(arrivals.trace_events())), group=step.group)
@@ -87,8 +92,11 @@ class TraceGather(Watcher):
     the arrivals', the links') and records them, on its clock, for one merged file. After every
     other watcher's exchange: their events of that step are in."""
 
-    def __init__(self, recorder) -> None:
+    def __init__(self, recorder, timeline=None) -> None:
         self.recorder = recorder
+        #: the advisor's :class:`~.timeline.Timeline` (the observation sets it): told each spread
+        #: step's arrivals, for the wait a larger world adds
+        self.timeline = timeline
 
     def exchanges_after(self, step: int) -> bool:
         return self.recorder.gathers_ranks(step) and self.recorder.merges_trace_at(step)

@@ -111,6 +111,7 @@ class Observation:
         #: The watchers of the table by name (:data:`WATCHERS`).
         self.by_name: dict[str, Watcher] = {entry.name: entry.make(self.options, recorder) for entry in WATCHERS}
         self.timeline: Timeline = self.by_name["timeline"]
+        self.by_name["arrivals"].timeline = self.timeline  # the spread steps' arrivals, for the advisor
         self.watchdog: StallWatchdog = self.by_name["stall"]
         self.watchers: tuple[Watcher, ...] = (recorder, *self.by_name.values())
         self._timers = DeviceTimers()  # the one timer pool: one CUDA clock anchor per GPU

@@ -22,6 +22,9 @@ step with another bucket size, accumulation or algorithm, the advisor
   takes cores from it);
 - **the other threads' CPU time** during the synchronizing micro-batch (``process_time`` minus
   the training thread's ``thread_time``): every byte the communication copies or adds there;
+- **arrivals**: on the steps that gather them (``spread_every``, ``diagnose=True``), when each
+  rank handed its last bucket over, relative to rank 0 (the arrivals gather calls
+  :meth:`Timeline.arrived`): how far the ranks scatter, which a larger world waits for;
 - **optimizer time**: PyTorch's global optimizer step pre/post hooks (the part after the last
   bucket: Lightning runs the micro-batch inside ``optimizer.step(closure)``);
 - **the run**: world size, algorithm, lanes, DDP's bucket cap and first-bucket cap, every
@@ -55,7 +58,7 @@ from torch.utils._pytree import tree_leaves
 from ..runtime.sparse import sparse_parameters
 from .bucket_marks import BucketClocks
 from .options import group_log_dir
-from .timeline_records import TimelineBucket, TimelineRecord, TimelineRun, TimelineStep, record_from_json
+from .timeline_records import TimelineArrivals, TimelineBucket, TimelineRecord, TimelineRun, TimelineStep, record_from_json
 from .watcher import Watcher
 
 TIMELINE_FILE = "timeline.jsonl"
@@ -119,6 +122,7 @@ class Timeline(Watcher):
         self.directory: str | None = None  # where this group's timeline.jsonl goes (attach)
         self.run_facts: dict = {}  # what the hook state knows of the run (nodes, ring): the observation sets it
         self.steps: deque[TimelineStep] = deque(maxlen=self.keep)
+        self.arrivals: deque[TimelineArrivals] = deque(maxlen=self.keep)  # the steps that gathered them
         self._finished = 0  # steps finished in this run (the file keeps the first ones)
         self._recording = False
         self._step: _Step | None = None
@@ -266,19 +270,30 @@ class Timeline(Watcher):
         if self._finished <= FILE_STEPS or self._finished % THIN_EVERY == 0:
             self._write(record)
 
+    def arrived(self, step: int, last_ms) -> None:
+        """Every rank's last hand-over of ``step`` (ms on one clock, the arrivals gather's, on
+        rank 0 after the step): kept and written relative to rank 0's, so the advisor knows how
+        far the ranks' arrivals scatter (what a larger world waits for)."""
+        if not self._recording or self.closed or self.run is None:
+            return
+        record = TimelineArrivals(step=step, last_ms=tuple(t - last_ms[0] for t in last_ms))
+        self.arrivals.append(record)
+        self._write(record)
+
     def _write(self, record: TimelineRecord) -> None:
         if self._file is not None:
             with self._lock:
                 self._file.write(record.to_json() + "\n")
 
     def records(self) -> list[TimelineRecord]:
-        """The run description followed by the finished steps (what ``timeline.jsonl`` holds)."""
+        """The run description, the finished steps, then the steps' arrivals (what
+        ``timeline.jsonl`` holds, in that order here)."""
         if self.run is None:
             raise ValueError(
                 "no timeline was recorded: attach the hook with ddp_ring_hooks.register(model, ...) "
                 "(or the Lightning strategy), not model.register_comm_hook, and train a few steps"
             )
-        return [self.run, *self.steps]
+        return [self.run, *self.steps, *self.arrivals]
 
     def close(self) -> None:
         """Stop recording and close the file (the in-memory steps stay). Safe to call twice."""

@@ -7,6 +7,7 @@ backward::
 
     {"type": "run", "version": 1, "world_size": 2, "algorithm": "ring", ...}
     {"type": "step", "step": 1, "micro_batches": 1, "step_ms": 41.2, ..., "buckets": [{...}, ...]}
+    {"type": "arrivals", "step": 3, "last_ms": [0.0, 12.5]}   (the steps that gathered them)
 
 Pure Python (no torch), so the advisor reads a run offline on any machine. ``to_json`` and
 ``from_json`` round-trip exactly (``from_json(r.to_json()) == r``). Files written before the
@@ -33,7 +34,10 @@ from ..cost_model import ProbeSample
 #: an older file's probe reads as the run's algorithm only, and no per-call cost is fitted).
 #: Version 6 added each bucket's ``call_ms``: the hook's own time on DDP's thread (an older
 #: file's read 0, and the advisor then counts no hook time per bucket).
-TIMELINE_VERSION = 6
+#: Version 7 added :class:`TimelineArrivals` lines: when every rank handed its last bucket over,
+#: on the steps that gathered it (``spread_every``, ``diagnose=True``; an older file has none,
+#: and the advisor then prices no wait for a later rank in a larger world).
+TIMELINE_VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -172,18 +176,39 @@ class TimelineStep:
         return _build(cls, data)
 
 
-TimelineRecord = TimelineRun | TimelineStep
+@dataclass(frozen=True)
+class TimelineArrivals:
+    """When every rank of the group handed its last bucket over in one step (its *arrival*,
+    :class:`~.records.RankArrivals`): ``last_ms[r]`` is rank ``r``'s, in milliseconds after rank
+    0's, on rank 0's clock. Written on the steps that gather them (``spread_every``,
+    ``diagnose=True``). No all-reduce ends before its last contributor, so how far the ranks'
+    arrivals scatter is what a larger world waits for: the latest of more ranks
+    (:func:`~ddp_ring_hooks.advisor.profile.arrival_lateness`)."""
+
+    step: int
+    last_ms: tuple[float, ...]
+
+    def to_json(self) -> str:
+        return _dumps("arrivals", dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, line: str | Mapping) -> TimelineArrivals:
+        data = _loads(line, "arrivals")
+        data["last_ms"] = tuple(data["last_ms"])
+        return _build(cls, data)
+
+
+TimelineRecord = TimelineRun | TimelineStep | TimelineArrivals
+_RECORD_TYPES = {"run": TimelineRun, "step": TimelineStep, "arrivals": TimelineArrivals}
 
 
 def record_from_json(line: str | Mapping) -> TimelineRecord:
-    """A run or step record from one line of ``timeline.jsonl`` (by its ``type``)."""
+    """A run, step or arrivals record from one line of ``timeline.jsonl`` (by its ``type``)."""
     data = json.loads(line) if isinstance(line, str) else line
     kind = data.get("type") if isinstance(data, Mapping) else None
-    if kind == "run":
-        return TimelineRun.from_json(data)
-    if kind == "step":
-        return TimelineStep.from_json(data)
-    raise ValueError(f"not a timeline record (its type is {kind!r}, not 'run' or 'step')")
+    if kind not in _RECORD_TYPES:
+        raise ValueError(f"not a timeline record (its type is {kind!r}, not one of {', '.join(map(repr, _RECORD_TYPES))})")
+    return _RECORD_TYPES[kind].from_json(data)
 
 
 def _dumps(kind: str, fields: dict) -> str:

@@ -84,7 +84,7 @@ sys.path.insert(0, str(ROOT / "train_examples"))
 
 import ddp_ring_hooks  # noqa: E402
 from ddp_ring_hooks.advisor import Setting, from_bench, step_model  # noqa: E402
-from ddp_ring_hooks.advisor.advice import MIN_GAIN, WIRE, recommend, what_if  # noqa: E402
+from ddp_ring_hooks.advisor.advice import MIN_GAIN, WIRE, latest_rank_note, recommend, what_if  # noqa: E402
 from ddp_ring_hooks.lab import EmulatedCluster, LabError, parse_rate  # noqa: E402
 from ddp_ring_hooks.lab.topology import MIN_CPUS  # noqa: E402
 from ddp_ring_hooks.launch import run_on_ranks  # noqa: E402
@@ -555,6 +555,7 @@ def report(model_name: str, data: dict, args) -> list[float]:
           f"the machine's drift); {len(p.buckets)} buckets, exposed {p.exposed_ms:.1f} ms, "
           f"contention ~{p.contention_ms:.1f} ms; {data.get('seconds', 0):.0f} s")
     print(f"network: {model.network.source}")
+    print(latest_rank_note(model))
     base_predicted = model.predict(setting_of("base", None, p)).step_ms
     # The "(this run)" row: the run predicted from itself (issue 31: within 2%, always).
     print(f"this run: predicted {base_predicted:.1f} ms, measured {p.step_ms:.1f} ms "

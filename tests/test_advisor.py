@@ -1057,6 +1057,19 @@ def test_the_wire_rows_say_pays_on_a_slow_link_and_does_not_pay_where_casts_cost
     assert "wire_dtype (what the buckets travel in)" in format_advice(slow) and "  pays" in format_advice(slow)
 
 
+def _large_blocks_slowed(samples):
+    """A probe as the lab's throttled hosts read it: its small block waits 0.4 ms, its large
+    blocks' bytes (fp32 and bf16 alike) run 25% slower than ``samples``."""
+    from ddp_ring_hooks.runtime.network_probe import PROBE_SIZES
+
+    def measured(s):
+        if s.nbytes == PROBE_SIZES[0]:
+            return dataclasses.replace(s, seconds=tuple(t + 0.4e-3 for t in s.seconds))
+        return dataclasses.replace(s, seconds=tuple(2 * ALPHA_MS * 1e-3 + 1.25 * (t - 2 * ALPHA_MS * 1e-3) for t in s.seconds))
+
+    return tuple(measured(s) for s in samples)
+
+
 @pytest.mark.fast
 def test_the_link_is_priced_at_the_probes_two_large_blocks_where_its_small_block_waits():
     """On the lab's throttled hosts the probe's 16 KiB blocks carry a waiting core's
@@ -1070,13 +1083,7 @@ def test_the_link_is_priced_at_the_probes_two_large_blocks_where_its_small_block
 
     small, middle, largest = PROBE_SIZES
     exact = probe_samples(ALPHA_MS * 1e-3, 1e3 / BETA_MS, 0.0)
-
-    def measured(s):  # the small block waits; the large ones' bytes (fp32 and bf16 alike) run 25% slower
-        if s.nbytes == small:
-            return dataclasses.replace(s, seconds=tuple(t + 0.4e-3 for t in s.seconds))
-        return dataclasses.replace(s, seconds=tuple(2 * ALPHA_MS * 1e-3 + 1.25 * (t - 2 * ALPHA_MS * 1e-3) for t in s.seconds))
-
-    records = _probed(timeline(ready=[20.0, 20.0]), tuple(measured(s) for s in exact))
+    records = _probed(timeline(ready=[20.0, 20.0]), _large_blocks_slowed(exact))
     two_hosts = [dataclasses.replace(records[0], nodes=(0, 1), local_world_size=1), *records[1:]]
     bf16 = Setting(bucket_cap_mb=None, accumulate=1, algorithm="ring", world_size=2, wire="bf16")
     model = step_model(two_hosts)
@@ -1398,6 +1405,28 @@ def test_two_tiers_from_a_one_tier_run_are_calibrated_on_the_network_they_were_l
     advice = json.loads(capsys.readouterr().out)
     own = next(r for r in advice["what_if"] if r["knob"] == "world_size" and r["this_run"])
     assert own["step_ms"] == pytest.approx(records[1].step_ms, rel=0.02), own
+
+
+@pytest.mark.fast
+def test_two_tiers_laid_out_from_a_runs_probe_keep_its_own_link(tmp_path, capsys):
+    """Two tiers laid out from a run's probe are the run's own links, placed: priced at the
+    rate of the probe's two large blocks (here 25% slower than its fit), as one tier is. Each
+    rank a node of its own (``--placement 0,1``) is one tier again: every row reads as one
+    tier's. Priced at the fit instead, the lab's alternating nodes read -9% and -10%."""
+    from ddp_ring_hooks.cli.__main__ import main
+
+    records = _probed(timeline(ready=[2.0, 20.0]), _large_blocks_slowed(probe_samples(ALPHA_MS * 1e-3, 1e3 / BETA_MS, 0.0)))
+    two_hosts = [dataclasses.replace(records[0], nodes=(0, 1), local_world_size=1), *records[1:]]
+    (tmp_path / "timeline.jsonl").write_text("".join(r.to_json() + "\n" for r in two_hosts))
+    assert main(["advise", str(tmp_path), "--json"]) == 0
+    one_tier = json.loads(capsys.readouterr().out)
+    assert main(["advise", str(tmp_path), "--placement", "0,1", "--json"]) == 0
+    placed = json.loads(capsys.readouterr().out)
+    assert placed["model"]["own_link"] == one_tier["model"]["own_link"] and one_tier["model"]["own_link"]["scale"] > 1.1
+    alone = {(r["knob"], r["value"]): r["step_ms"] for r in one_tier["what_if"]}
+    rows = {(r["knob"], r["value"]): r["step_ms"] for r in placed["what_if"] if r["knob"] != "world_size"}
+    assert len(rows) > 15  # (a node per rank has a shape for 2 ranks only: no other world size)
+    assert rows == pytest.approx({row: alone[row] for row in rows}, rel=1e-6)
 
 
 # -- the wait for the latest rank (advisor/latest_rank.py) ----------------------------------------

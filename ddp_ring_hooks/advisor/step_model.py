@@ -418,29 +418,41 @@ class StepModel:
     def contention_per_cpu_ms(self) -> float:
         return contention_per_cpu_ms(self.profile, self.run_network)
 
+    @property
+    def measured_network(self) -> Network | None:
+        """The network measured here that the predictions' network is, or was laid out from
+        (two tiers from this run's probe: the same hosts and links, another layout); ``None``
+        for another cluster's network."""
+        if self.network.here:
+            return self.network
+        laid_out_from = self.network.laid_out_from
+        return laid_out_from if laid_out_from is not None and laid_out_from.here else None
+
     @functools.cached_property
     def own_link(self) -> OwnLink | None:
         """What the network measured here is fitted to on the run (:class:`OwnLink`): scaled to
         its own link, on one host with its two ways shared, each bucket started after the run's
         pickup, and on several hosts with a probe the exchanges' rate beside backward
-        calibrated on the run. ``None`` for another cluster's network, which is taken as given."""
-        if not self.network.here:
+        calibrated on the run. A network laid out from it (two tiers) keeps it: its links are
+        this run's, placed otherwise. ``None`` for another cluster's network, taken as given."""
+        measured = self.measured_network
+        if measured is None:
             return None
-        own = OwnLink(link_scale(self.profile, self.network, self.link_busy), shared_ways(self.profile),
+        own = OwnLink(link_scale(self.profile, measured, self.link_busy), shared_ways(self.profile),
                       pickup_ms=self.profile.pickup_ms)
-        if self.profile.one_host or self.network.large_blocks is None:
+        if self.profile.one_host or measured.large_blocks is None:
             return own
-        return replace(own, backward_rate=backward_rate(self.profile, self.network, own, self.contention_per_cpu_ms))
+        return replace(own, backward_rate=backward_rate(self.profile, measured, own, self.contention_per_cpu_ms))
 
     @functools.cached_property
     def _run_replayed(self) -> _Raw:
         """The run's own setting, modelled: what every prediction is calibrated against.
-        Calibrated on the run with the network that prices the prediction when it was measured
-        here (the run's buckets, its probe): the run's own setting then comes out exactly. Such
-        a network is this run's link (:attr:`own_link`); another cluster's network is full
-        duplex, as given; one laid out from this run's own network (two tiers from its probe) is
-        calibrated on that network, so that the two differ by the layout alone."""
-        calibrated_with = self.network if self.network.here else (self.network.laid_out_from or self.run_network)
+        Calibrated on the run with the network measured here (:attr:`measured_network`: the
+        run's buckets, its probe) on this run's link (:attr:`own_link`): the run's own setting
+        then comes out exactly, and a network laid out from it (two tiers from its probe)
+        differs from it by the layout alone. Another cluster's network is calibrated on the
+        run's bucket fit, full duplex, as given."""
+        calibrated_with = self.measured_network or self.run_network
         return _model(self.profile, calibrated_with, run_setting(self.profile), self.contention_per_cpu_ms,
                       self.own_link or OwnLink(1.0, shared_ways(self.profile)))
 

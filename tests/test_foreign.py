@@ -24,6 +24,7 @@ def foreign_hooks_under_ddp(rank: int, world_size: int, directory: str) -> dict:
 
     import ddp_ring_hooks
     from ddp_ring_hooks.hooks.foreign import registrable
+    from ddp_ring_hooks.telemetry.timeline_records import TimelineRun
     from tests.conftest import Net, sgd_steps
 
     torch.set_num_threads(1)
@@ -55,7 +56,7 @@ def foreign_hooks_under_ddp(rank: int, world_size: int, directory: str) -> dict:
         results[name] = {
             "identical": ours == alone, "digests": ours, "summary": state.summary(), "name": state.hook.name,
             "steps": [r for r in state.timeline.records() if hasattr(r, "buckets")],
-            "run": [r for r in state.timeline.records() if not hasattr(r, "buckets")], "advice": str(state.advise()),
+            "run": [r for r in state.timeline.records() if isinstance(r, TimelineRun)], "advice": str(state.advise()),
         }
         state.close()
     # wire_bytes=: the hook's own count of what it sent

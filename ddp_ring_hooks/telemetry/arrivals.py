@@ -92,11 +92,8 @@ class TraceGather(Watcher):
     the arrivals', the links') and records them, on its clock, for one merged file. After every
     other watcher's exchange: their events of that step are in."""
 
-    def __init__(self, recorder, timeline=None) -> None:
+    def __init__(self, recorder) -> None:
         self.recorder = recorder
-        #: the advisor's :class:`~.timeline.Timeline` (the observation sets it): told each spread
-        #: step's arrivals, for the wait a larger world adds
-        self.timeline = timeline
 
     def exchanges_after(self, step: int) -> bool:
         return self.recorder.gathers_ranks(step) and self.recorder.merges_trace_at(step)

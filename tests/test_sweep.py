@@ -68,10 +68,16 @@ def interrupt_a_run(output: Path) -> dict:
     """Start the short main job into ``output`` (3 rounds, no warm-up fit: its first timed fit
     starts sooner), wait until its first fit writes event files, then Ctrl-C it, as a terminal
     does: SIGINT to torchrun and every rank at once (their process group). Returns its output,
-    the run directories its new event files were in, and what ``output`` holds after it ended."""
+    the run directories its new event files were in, and what ``output`` holds after it ended.
+
+    Its fits train 30 steps, so the signal lands while one trains, not between two fits. With
+    fits of 3 steps, one CI run in many had the signal land as the second fit began, and
+    neither rank took it (a rank waiting in C++, in a collective or a group's connect, runs no
+    Python handler): torchrun killed both 30 s later, and rank 0 had printed nothing."""
     before = set(output.rglob("events.out.tfevents.*"))
-    run = subprocess.Popen(main_job_command(output, "--rounds", "3", "--warmup-fit-steps", "0"), env=ENVIRONMENT,
-                           start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen(main_job_command(output, "--rounds", "3", "--warmup-fit-steps", "0", "--steps", "30"),
+                           env=ENVIRONMENT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
     written: set[Path] = set()
     try:
         deadline = time.monotonic() + 180
@@ -197,8 +203,8 @@ def test_ctrl_c_removes_the_partial_run_and_the_ranks_exit_without_a_traceback(s
     interrupted, output = sweep["interrupted"], sweep["output"]
     out = interrupted["out"]
     assert interrupted["written_in"], f"the second run never started its first fit:\n{out[-3000:]}"
-    # The signal lands during a fit: usually the first, but a fit this small can end between the
-    # poll that saw its event file and the signal (seen once: "after 1 of 6"); never after all 6.
+    # The signal lands during a fit: the first, of 30 steps (with 3, a fit once ended between the
+    # poll that saw its event file and the signal: "after 1 of 6"); never after all 6.
     said = re.search(rf"interrupted after (\d) of 6 fits: removed the partial run {re.escape(str(output / 'version_1'))}", out)
     assert said and int(said.group(1)) < 6, out[-3000:]
     # TensorBoard has no half run to list, and the complete run beside it is untouched.

@@ -24,7 +24,7 @@ def foreign_hooks_under_ddp(rank: int, world_size: int, directory: str) -> dict:
 
     import ddp_ring_hooks
     from ddp_ring_hooks.hooks.foreign import registrable
-    from ddp_ring_hooks.telemetry.timeline_records import TimelineRun
+    from ddp_ring_hooks.telemetry.timeline_records import TimelineRun, TimelineStep
     from tests.conftest import Net, sgd_steps
 
     torch.set_num_threads(1)
@@ -55,7 +55,7 @@ def foreign_hooks_under_ddp(rank: int, world_size: int, directory: str) -> dict:
             bucket_cap_mb=cap)
         results[name] = {
             "identical": ours == alone, "digests": ours, "summary": state.summary(), "name": state.hook.name,
-            "steps": [r for r in state.timeline.records() if hasattr(r, "buckets")],
+            "steps": [r for r in state.timeline.records() if isinstance(r, TimelineStep)],
             "run": [r for r in state.timeline.records() if isinstance(r, TimelineRun)], "advice": str(state.advise()),
         }
         state.close()

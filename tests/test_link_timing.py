@@ -9,7 +9,7 @@
   steps per gathered step, counted at the transport); ``native`` times its ring links by a probe and says so; the executor tells an
   observer with a clock of every unit, and one without a clock of none; the merged trace has a
   track per link.
-- On the emulated lab (real namespaces, shaped links; skipped without root), 4 hosts, 12
+- On the emulated lab (real namespaces, shaped links; skipped without root), 4 hosts, 14
   steps of a 4.2 MB model in one bucket (1 MiB transfers, well above the shaper's burst: see
   ``scripts/link_timing_job.py``): one host's link 4x slower -> its rank's network named in the tags
   (read back from the event files), the summary, and by ``ddp-ring-hooks links``; a slow link
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from ddp_ring_hooks.links import MIN_TRAINING_SAMPLES
 from ddp_ring_hooks.runtime import ExecutionObserver
 from ddp_ring_hooks.telemetry.link_timing import NATIVE_LINE, _time_link
 from ddp_ring_hooks.telemetry.options import TelemetryOptions
@@ -43,8 +44,10 @@ from .conftest import algorithm_cases
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / "tests" / "scripts" / "link_timing_job.py"
-STEPS = 12
+STEPS = 14
 SKIP = 2  # the first steps: DDP's provisional bucket, the layout check
+#: A link's verdict has the samples it needs from this step on (every step timed).
+NAMED_FROM = MIN_TRAINING_SAMPLES
 TRACE_WINDOW = (2, 4)
 
 
@@ -296,7 +299,7 @@ def test_the_merged_trace_shows_each_links_transfers(every_algorithm):
 # Two launches on the flat lab serve the seven checks that use it, each check reading one run
 # of its own (a fresh model and hook: ``--plan`` in scripts/link_timing_job.py): host 2's link
 # at 100 Mbit/s for the slow-NIC runs, every link at 400 Mbit/s for the rest. The ranks'
-# start (torch, DDP's imports, the group's join) is most of a 12-step run's time on 2 cores.
+# start (torch, DDP's imports, the group's join) is most of a 14-step run's time on 2 cores.
 
 #: Detection with the one switch: within this many steps (issue 32's target).
 DETECT_WITHIN = 20
@@ -371,8 +374,9 @@ def equal_links(flat_lab, tmp_path_factory):
 
 
 def judged(result: dict) -> list[dict]:
-    steps = [step for step in result["steps"] if step["step"] > SKIP]
-    assert [step["step"] for step in steps] == list(range(SKIP + 1, STEPS + 1))
+    """The steps whose verdict has its samples: from NAMED_FROM (after SKIP) to STEPS, 10 of them."""
+    steps = [step for step in result["steps"] if step["step"] >= NAMED_FROM]
+    assert [step["step"] for step in steps] == list(range(NAMED_FROM, STEPS + 1))
     return steps
 
 
@@ -395,8 +399,8 @@ def test_a_host_with_a_slow_link_is_named_as_that_ranks_network_during_training(
     scalars = link_scalars(out / "fixed" / "tb")
     assert set(scalars) == {f"comm/links/{tag}" for tag in
                             ("slowest_src", "slowest_dst", "slowest_MBps", "median_MBps", "slow_nic_rank")}
-    logged = {step: rank for step, rank in scalars["comm/links/slow_nic_rank"].items() if step > SKIP}
-    assert len(logged) == STEPS - SKIP and sum(rank == 2 for rank in logged.values()) >= 0.9 * len(logged)
+    logged = {step: rank for step, rank in scalars["comm/links/slow_nic_rank"].items() if step >= NAMED_FROM}
+    assert len(logged) == STEPS + 1 - NAMED_FROM and sum(rank == 2 for rank in logged.values()) >= 0.9 * len(logged)
     # 100 Mbit/s is 12.5 MB/s: the slowest link is one of rank 2's, at about that rate.
     slowest = [(scalars["comm/links/slowest_src"][s], scalars["comm/links/slowest_dst"][s]) for s in logged]
     assert all(2 in link for link in slowest), slowest

@@ -217,7 +217,7 @@ def test_during_training_a_link_is_named_only_once_it_has_enough_samples():
         return [LinkSample(s, d, int((12 if (s, d) == slow else 48) * MB), 1.0)
                 for _ in range(count) for s in range(4) for d in range(4) if s != d]
 
-    assert MIN_TRAINING_SAMPLES == 3
+    assert MIN_TRAINING_SAMPLES == 5
     for count in range(1, MIN_TRAINING_SAMPLES):
         verdict = judge_samples(steps(count), world_size=4, min_samples=MIN_TRAINING_SAMPLES)
         assert named(verdict) == ([], [], []) and verdict.samples == count
@@ -227,7 +227,7 @@ def test_during_training_a_link_is_named_only_once_it_has_enough_samples():
     # A slow network (every link of rank 2) waits for its samples too.
     network = [LinkSample(s, d, int((12 if 2 in (s, d) else 48) * MB), 1.0) for s in range(4) for d in range(4) if s != d]
     assert named(judge_samples(network, world_size=4, min_samples=MIN_TRAINING_SAMPLES)) == ([], [], [])
-    assert named(judge_samples(network * 3, world_size=4, min_samples=MIN_TRAINING_SAMPLES))[0] == [(2, "all")]
+    assert named(judge_samples(network * MIN_TRAINING_SAMPLES, world_size=4, min_samples=MIN_TRAINING_SAMPLES))[0] == [(2, "all")]
     with pytest.raises(ValueError, match="min_samples=0"):
         judge_samples(steps(1), world_size=4, min_samples=0)
 

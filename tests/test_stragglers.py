@@ -125,7 +125,8 @@ DIAGNOSED_STEPS = 40
 
 
 # Solo: its link rates on loopback are read against the cores. Beside the other worker's tests one
-# suite run (-n 2) named the straggler's own network once (3 gathered steps agreeing); alone it passes.
+# suite run (-n 2) named the straggler's own network once (3 gathered steps agreeing, when a link
+# needed 3); alone it passes.
 @pytest.mark.solo
 def test_diagnose_names_the_straggler_within_the_warm_up_and_blames_no_link(tmp_path):
     from ddp_ring_hooks.telemetry.cadence import WARMUP

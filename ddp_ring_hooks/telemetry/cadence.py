@@ -13,9 +13,9 @@ the links. ``spread_every=N`` gathers every N-th step whatever that costs. ``spr
                 [what its previous exchange cost (ms), its median step time since (ms)]
 
 1. **Warm-up.** The first :data:`WARMUP` steps gather, every one: a straggler is named within
-   them (the tally wants :data:`~.stragglers.MIN_STEPS` steps), a slow link from the third
+   them (the tally wants :data:`~.stragglers.MIN_STEPS` steps), a slow link from the fifth
    (the link rule's :data:`~ddp_ring_hooks.links.MIN_TRAINING_SAMPLES`; under ``native``, whose
-   links the probe times every 2nd gathered step, the sixth).
+   links the probe times every 2nd gathered step, the ninth).
 2. **Measure.** What a gathered step costs this rank, on every thread of ours that works for it:
    the exchange (its thread's CPU time, plus the probe's time on the links), the telemetry
    writer (the step's records, which ``log_every="auto"`` writes on gathered steps only) and the
@@ -36,7 +36,7 @@ the links. ``spread_every=N`` gathers every N-th step whatever that costs. ``spr
    :data:`DECISION_WAIT_S`, then this rank gathers no more, with a warning).
 
 What it promises: from the start, a straggler named within :data:`WARMUP` steps and a slow link
-from the third gathered step (the sixth under ``native``); a link that turns slow later within ``3/4 x`` the link rule's window
+from the fifth gathered step (the ninth under ``native``); a link that turns slow later within ``3/4 x`` the link rule's window
 of gathered steps, i.e. ``12 x gap`` steps (the summary line states the gap).
 """
 

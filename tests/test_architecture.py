@@ -26,14 +26,15 @@ pytestmark = pytest.mark.fast  # no test here starts a process
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ddp_ring_hooks"
 
-#: Layer -> the layers of ours it may import (besides itself). Modules at the top of the
-#: package (``bench``, ``launch``, ``machine``, ``progress``, ``units``) are layers of their own.
+#: Layer -> the layers of ours it may import (besides itself). Modules at the top of the package
+#: (``bench``, ``interrupts``, ``launch``, ``machine``, ``progress``, ``units``) are layers of their own.
 ALLOWED: dict[str, set[str]] = {
     "schedules": set(),
     "cost_model": {"schedules"},
     "progress": set(),
     "units": set(),
     "machine": set(),
+    "interrupts": set(),
     "links": set(),
     "runtime": {"schedules", "cost_model", "links"},
     "telemetry": {"runtime", "schedules", "cost_model", "links"},

@@ -87,6 +87,7 @@ from ddp_ring_hooks.integrations.lightning import (
     RingDDPStrategy,
     ThroughputLogger,
 )
+from ddp_ring_hooks.interrupts import exit_promptly_on_ctrl_c
 from ddp_ring_hooks.machine import MachineLoad, describe_load, load_record
 from ddp_ring_hooks.telemetry import MemorySink
 
@@ -362,6 +363,7 @@ def discard_partial_run(run_dir: Path | None, *, rank_zero: bool, done: int, tot
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    exit_promptly_on_ctrl_c()  # a rank waiting in C++ (a peer's rendezvous, say) still ends on Ctrl-C
     quiet_lightning()
     rank_zero = int(os.environ.get("RANK", "0")) == 0
     start = MachineLoad.now()

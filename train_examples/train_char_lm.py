@@ -48,6 +48,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from ddp_ring_hooks import accepted_algorithms
 from ddp_ring_hooks.integrations.lightning import CommTimingLogger, RingDDPStrategy, ThroughputLogger
+from ddp_ring_hooks.interrupts import exit_promptly_on_ctrl_c
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -104,6 +105,7 @@ def resume_point(checkpoint: Path | None, output_dir: str) -> tuple[int, TensorB
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     checkpoint = find_checkpoint(args.resume, args.output_dir) if args.resume else None
+    exit_promptly_on_ctrl_c()  # a rank waiting in C++ (a peer's rendezvous, say) still ends on Ctrl-C
     quiet_lightning()
     warnings.filterwarnings("ignore", ".*your dataloader is not resumable.*")  # explained below, in our words
     warn_if_oversubscribed(args.accelerator)

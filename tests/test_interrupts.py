@@ -1,0 +1,99 @@
+"""Ctrl-C that ends a rank waiting in C++ (ddp_ring_hooks/interrupts.py), on real processes, real
+signals and a real TCPStore: a main thread stuck in a store ``get`` (as a rank is in a
+rendezvous its peer left) is ended 130 after the grace; one that takes the signal in Python
+cleans up for as long as it needs; bad calls are refused with the reason."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+#: A process that installs the guard, starts a real TCPStore and sends itself SIGINT after
+#: 1 s, while its main thread waits: in C++ ("store", a key nobody sets, 60 s timeout) or in
+#: Python ("python", short sleeps); after taking KeyboardInterrupt it cleans up for CLEANUP_S.
+WAITER = textwrap.dedent("""
+    import datetime, os, signal, sys, threading, time
+    import torch.distributed as dist
+    from ddp_ring_hooks.interrupts import exit_promptly_on_ctrl_c
+
+    grace_s, waits_in = float(sys.argv[1]), sys.argv[2]
+    assert exit_promptly_on_ctrl_c(grace_s) and exit_promptly_on_ctrl_c(grace_s)  # a second call keeps the first
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60))
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    print("waiting", flush=True)
+    try:
+        if waits_in == "store":
+            store.get("a key nobody sets")
+        else:
+            while True:
+                time.sleep(0.05)
+    except KeyboardInterrupt:
+        print("took Ctrl-C; cleaning up", flush=True)
+        time.sleep(float(sys.argv[3]))
+        print("cleaned up", flush=True)
+""")
+
+
+def _run_waiter(grace_s: float, waits_in: str, cleanup_s: float = 0.0) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", WAITER, str(grace_s), waits_in, str(cleanup_s)],
+                          capture_output=True, text=True, timeout=90)
+    return done, time.monotonic() - started
+
+
+def test_a_main_thread_waiting_in_a_store_is_ended_130_after_the_grace():
+    done, took_s = _run_waiter(2.0, "store")
+    assert done.returncode == 130, (done.stdout, done.stderr)
+    assert "waiting" in done.stdout and "took Ctrl-C" not in done.stdout  # it never took it: the store held it
+    assert "Ctrl-C, but its main thread is waiting in C++" in done.stderr and "did not take it in 2 s" in done.stderr
+    # 1 s to the signal, 2 s of grace, the start (torch's import): far from the store's 60 s
+    assert took_s < 30, took_s
+
+
+def test_a_main_thread_that_takes_ctrl_c_cleans_up_past_the_grace():
+    done, _ = _run_waiter(1.0, "python", cleanup_s=3.0)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert done.stdout.split() == ["waiting", "took", "Ctrl-C;", "cleaning", "up", "cleaned", "up"]
+    assert "main thread is waiting in C++" not in done.stderr
+
+
+REFUSALS = textwrap.dedent("""
+    import signal, socket, threading
+    from ddp_ring_hooks.interrupts import exit_promptly_on_ctrl_c
+
+    def refused(*args):
+        try:
+            exit_promptly_on_ctrl_c(*args)
+        except (ValueError, RuntimeError) as error:
+            return f"{type(error).__name__}: {error}"
+        return "accepted"
+
+    print(refused(0))
+    print(refused("10"))
+    caught = []
+    thread = threading.Thread(target=lambda: caught.append(refused()))
+    thread.start(); thread.join()
+    print(caught[0])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(exit_promptly_on_ctrl_c(), signal.getsignal(signal.SIGINT) is signal.SIG_IGN)  # nothing to do
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    mine, _ = socket.socketpair()
+    mine.setblocking(False)
+    signal.set_wakeup_fd(mine.fileno())
+    print(refused())
+    print(signal.set_wakeup_fd(-1) == mine.fileno())  # left as it was
+""")
+
+
+def test_bad_calls_are_refused_with_the_reason_and_change_nothing():
+    done = subprocess.run([sys.executable, "-c", REFUSALS], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    zero, text, thread, ignored, owned, kept = done.stdout.splitlines()
+    assert zero.startswith("ValueError: grace_s=0:") and text.startswith("ValueError: grace_s='10':")
+    assert thread == "RuntimeError: exit_promptly_on_ctrl_c must be called from the main thread (Python's signal handlers live there)"
+    assert ignored == "False True"
+    assert owned.startswith("RuntimeError: the signal wakeup fd is already in use") and "asyncio" in owned
+    assert kept == "True"
+

@@ -24,6 +24,7 @@ is ended with exit code 130, the shell's code for Ctrl-C, and one line saying wh
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -49,8 +50,8 @@ def exit_promptly_on_ctrl_c(grace_s: float = GRACE_S) -> bool:
     the wakeup fd, and :class:`ValueError` for a ``grace_s`` that is not a positive number.
     A second call keeps the first one's watcher (signal handling is the process's, not a call's)."""
     global _watching
-    if not (isinstance(grace_s, (int, float)) and grace_s > 0):
-        raise ValueError(f"grace_s={grace_s!r}: give the seconds the main thread has to take Ctrl-C (> 0)")
+    if not (isinstance(grace_s, (int, float)) and 0 < grace_s < math.inf):
+        raise ValueError(f"grace_s={grace_s!r}: give the seconds the main thread has to take Ctrl-C (a number > 0)")
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("exit_promptly_on_ctrl_c must be called from the main thread (Python's signal handlers live there)")
     if _watching:
@@ -63,7 +64,8 @@ def exit_promptly_on_ctrl_c(grace_s: float = GRACE_S) -> bool:
     owner = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
     if owner != -1:
         signal.set_wakeup_fd(owner)
-        os.close(read_end), os.close(write_end)
+        os.close(read_end)
+        os.close(write_end)
         raise RuntimeError(f"the signal wakeup fd is already in use (fd {owner}, e.g. by an asyncio loop): "
                            "call exit_promptly_on_ctrl_c before starting it, or leave Ctrl-C to it")
     taken = _Taken()

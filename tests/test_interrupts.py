@@ -72,6 +72,7 @@ REFUSALS = textwrap.dedent("""
 
     print(refused(0))
     print(refused("10"))
+    print(refused(float("inf")))
     caught = []
     thread = threading.Thread(target=lambda: caught.append(refused()))
     thread.start(); thread.join()
@@ -90,8 +91,9 @@ REFUSALS = textwrap.dedent("""
 def test_bad_calls_are_refused_with_the_reason_and_change_nothing():
     done = subprocess.run([sys.executable, "-c", REFUSALS], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    zero, text, thread, ignored, owned, kept = done.stdout.splitlines()
+    zero, text, endless, thread, ignored, owned, kept = done.stdout.splitlines()
     assert zero.startswith("ValueError: grace_s=0:") and text.startswith("ValueError: grace_s='10':")
+    assert endless == "ValueError: grace_s=inf: give the seconds the main thread has to take Ctrl-C (a number > 0)"
     assert thread == "RuntimeError: exit_promptly_on_ctrl_c must be called from the main thread (Python's signal handlers live there)"
     assert ignored == "False True"
     assert owned.startswith("RuntimeError: the signal wakeup fd is already in use") and "asyncio" in owned

@@ -19,6 +19,9 @@ WAITER = textwrap.dedent("""
     from ddp_ring_hooks.interrupts import exit_promptly_on_ctrl_c
 
     grace_s, waits_in = float(sys.argv[1]), sys.argv[2]
+    # Ctrl-C raising KeyboardInterrupt, as in a rank started from a terminal: a shell's background
+    # job (CI's pytest, once) starts with SIGINT ignored, and then the guard has nothing to do.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     assert exit_promptly_on_ctrl_c(grace_s) and exit_promptly_on_ctrl_c(grace_s)  # a second call keeps the first
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60))
     threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()

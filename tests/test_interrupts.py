@@ -1,14 +1,22 @@
 """Ctrl-C that ends a rank waiting in C++ (ddp_ring_hooks/interrupts.py), on real processes, real
 signals and a real TCPStore: a main thread stuck in a store ``get`` (as a rank is in a
 rendezvous its peer left) is ended 130 after the grace; one that takes the signal in Python
-cleans up for as long as it needs; bad calls are refused with the reason."""
+cleans up for as long as it needs; under torchrun, Ctrl-C with one rank in C++ ends the job in
+seconds, not torchrun's 30; bad calls are refused with the reason."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
+
+from .conftest import checkout_environment
+
+JOB = Path(__file__).resolve().parent / "scripts" / "ctrl_c_job.py"
 
 #: A process that installs the guard, starts a real TCPStore and sends itself SIGINT after
 #: 1 s, while its main thread waits: in C++ ("store", a key nobody sets, 60 s timeout) or in
@@ -60,6 +68,35 @@ def test_a_main_thread_that_takes_ctrl_c_cleans_up_past_the_grace():
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert done.stdout.split() == ["waiting", "took", "Ctrl-C;", "cleaning", "up", "cleaned", "up"]
     assert "main thread is waiting in C++" not in done.stderr
+
+
+def test_under_torchrun_ctrl_c_with_a_rank_in_cxx_ends_the_job_in_seconds(tmp_path):
+    """Ctrl-C as a terminal sends it, to torchrun and both ranks (their process group), once
+    each rank waits: rank 0 takes it in Python, rank 1 is ended by the guard 3 s later, and
+    torchrun, whose grace for its ranks is 30 s, ends with them."""
+    output = tmp_path / "out.txt"
+    with output.open("w") as sink:
+        job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                str(JOB), "3"], env=checkout_environment(), start_new_session=True, stdout=sink,
+                               stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while output.read_text().count("waiting") < 2 and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert output.read_text().count("waiting") == 2, output.read_text()
+        time.sleep(0.5)  # rank 1 inside the store's get
+        interrupted = time.monotonic()
+        os.killpg(job.pid, signal.SIGINT)
+        job.wait(timeout=60)
+        took_s = time.monotonic() - interrupted
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    out = output.read_text()
+    assert "rank 0 took Ctrl-C" in out and "rank 1 took Ctrl-C" not in out, out
+    assert "rank 1: Ctrl-C, but its main thread is waiting in C++" in out, out
+    assert took_s < 20, (took_s, out)  # 3 s of grace and torchrun's shutdown; without the guard, 30 s
 
 
 REFUSALS = textwrap.dedent("""

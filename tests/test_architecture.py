@@ -47,7 +47,7 @@ ALLOWED: dict[str, set[str]] = {
     # lightning.py, fabric.py, transformers.py: each the only module that imports its framework.
     "integrations": {"schedules", "cost_model", "runtime", "telemetry", "hooks", "advisor"},
     "cli": {"schedules", "cost_model", "runtime", "telemetry", "viz", "bench", "launch", "progress", "units", "hooks", "advisor",
-            "lab", "links"},
+            "lab", "links", "interrupts"},
 }
 
 

@@ -6,8 +6,11 @@ import argparse
 import importlib
 import pkgutil
 import sys
+import threading
 
 from .. import cli
+from ..interrupts import exit_promptly_on_ctrl_c
+from ..launch import under_torchrun
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; return its exit code."""
     args = build_parser().parse_args(argv)
+    if under_torchrun() and threading.current_thread() is threading.main_thread():
+        exit_promptly_on_ctrl_c()  # a rank of a torchrun job (bench, links): Ctrl-C ends it even while it waits in C++
     return int(args.func(args) or 0)
 
 

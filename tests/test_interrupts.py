@@ -20,7 +20,8 @@ JOB = Path(__file__).resolve().parent / "scripts" / "ctrl_c_job.py"
 
 #: A process that installs the guard, starts a real TCPStore and sends itself SIGINT after
 #: 1 s, while its main thread waits: in C++ ("store", a key nobody sets, 60 s timeout) or in
-#: Python ("python", short sleeps); after taking KeyboardInterrupt it cleans up for CLEANUP_S.
+#: Python ("python", short sleeps); after taking KeyboardInterrupt it cleans up for as many
+#: seconds as its third argument says.
 WAITER = textwrap.dedent("""
     import datetime, os, signal, sys, threading, time
     import torch.distributed as dist
@@ -28,7 +29,7 @@ WAITER = textwrap.dedent("""
 
     grace_s, waits_in = float(sys.argv[1]), sys.argv[2]
     # Ctrl-C raising KeyboardInterrupt, as in a rank started from a terminal: a shell's background
-    # job (CI's pytest, once) starts with SIGINT ignored, and then the guard has nothing to do.
+    # job (fresh-ci's pytest was one) starts with SIGINT ignored, and then the guard has nothing to do.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     assert exit_promptly_on_ctrl_c(grace_s) and exit_promptly_on_ctrl_c(grace_s)  # a second call keeps the first
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60))

@@ -73,7 +73,8 @@ def interrupt_a_run(output: Path) -> dict:
     Its fits train 30 steps, so the signal lands while one trains, not between two fits. With
     fits of 3 steps, one CI run in many had the signal land as the second fit began, and
     neither rank took it (a rank waiting in C++, in a collective or a group's connect, runs no
-    Python handler): torchrun killed both 30 s later, and rank 0 had printed nothing."""
+    Python handler): torchrun killed both 30 s later, and rank 0 had printed nothing. (Such a
+    rank now ends 10 s after the signal: ``ddp_ring_hooks/interrupts.py``.)"""
     before = set(output.rglob("events.out.tfevents.*"))
     run = subprocess.Popen(main_job_command(output, "--rounds", "3", "--warmup-fit-steps", "0", "--steps", "30"),
                            env=ENVIRONMENT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -63,7 +63,7 @@ CONSISTENT_SHARE = 0.75
 #: During training, a link is named only once it has this many samples: with one, a single
 #: cold first step (a connection's slow start, DDP's provisional buckets) would name it; with
 #: three, a rank starved of CPU for three early steps did (loopback, 3 ranks and 2 busy cores:
-#: 8 of 36 runs named a network at some step; with five, 3 of 36, for one step each). A slow
+#: 8 of 36 runs named a network at some step; with five, 3 of 36, 4 steps in all). A slow
 #: NIC stays slow, so the cost is two more timed steps before it is named.
 MIN_TRAINING_SAMPLES = 5
 

@@ -1,8 +1,10 @@
-"""Ctrl-C that ends a torchrun job within seconds, even when a rank is waiting in C++.
+"""Ctrl-C that ends a torchrun job within seconds and without a traceback, even when a rank is
+waiting in C++ or its peer took the signal first.
 
-A terminal's Ctrl-C sends SIGINT to torchrun and to every rank. Python runs a signal's handler
-(the one that raises ``KeyboardInterrupt``) only between bytecodes of the main thread, so a rank
-whose main thread waits inside a C++ call takes the signal only when that call returns::
+torchrun starts each rank in a session of its own, so a terminal's Ctrl-C reaches torchrun only,
+and torchrun forwards SIGINT to its ranks one after another. Python runs a signal's handler (the
+one that raises ``KeyboardInterrupt``) only between bytecodes of the main thread, so a rank whose
+main thread waits inside a C++ call takes the signal only when that call returns::
 
     rank 0   Python (training, an import)  ---- SIGINT -> KeyboardInterrupt, exits
     rank 1   C++: TCPStore get (the group's   ---- SIGINT -> (pending) ... the store's timeout
@@ -19,6 +21,13 @@ once, whatever the main thread is doing, and a watcher thread reading that fd gi
 thread ``grace_s`` to take the ``KeyboardInterrupt``. A rank that takes it cleans up as it
 would anyway (Lightning's shutdown, the main job removing its partial run); one that does not
 is ended with exit code 130, the shell's code for Ctrl-C, and one line saying why.
+
+The forwarding has a second consequence. When torchrun is slow between two ranks (a loaded
+machine), rank 0 can take its signal and leave before rank 1's arrives; rank 1's next
+collective then fails with gloo's "Connection closed by peer", and without help rank 1 dies
+with that traceback, as if the run had crashed (one CI run in many). In the ``except`` around
+training, :func:`wait_for_forwarded_ctrl_c` gives such a rank a few seconds for its own
+signal, which then arrives as the ``KeyboardInterrupt`` the rank handles as usual.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 #: Seconds the main thread has to take Ctrl-C before the rank is ended: well under torchrun's
 #: 30 s, well over what a training step's C++ calls take (a rank that takes the signal after a
@@ -36,6 +46,14 @@ import threading
 GRACE_S = 10.0
 #: The exit code of a process ended by Ctrl-C (128 + SIGINT), as a shell reports it.
 CTRL_C_EXIT_CODE = 128 + signal.SIGINT
+
+#: Seconds a rank whose peer left waits for its own Ctrl-C, forwarded by torchrun after the
+#: peer's (the module docstring): far above the gap between two of torchrun's signals, short
+#: enough that a real crash of the peer is still reported promptly.
+FORWARDED_WAIT_S = 5.0
+#: What gloo (its TCP transport) and NCCL say when the process at the other end has gone.
+PEER_GONE_MESSAGES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                      "remote process exited")
 
 _watching = False  # this process's watcher is running (one per process, as its signal handlers)
 
@@ -115,3 +133,40 @@ def _watch(read_end: int, taken: _Taken, grace_s: float) -> None:
                 with contextlib.suppress(Exception):
                     sys.stdout.flush()  # what the rank printed before, as a normal exit would
                 os._exit(CTRL_C_EXIT_CODE)
+
+
+def peer_left(error: BaseException) -> bool:
+    """Whether ``error``, or an exception it was raised from, says that the process at the other
+    end of a connection has gone (gloo's "Connection closed by peer", torch's ``DistNetworkError``)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if type(error).__name__ == "DistNetworkError" or any(text in str(error) for text in PEER_GONE_MESSAGES):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def wait_for_forwarded_ctrl_c(error: BaseException, wait_s: float = FORWARDED_WAIT_S) -> None:
+    """In the ``except`` around training: when ``error`` says a peer left (:func:`peer_left`),
+    wait up to ``wait_s`` seconds for this rank's own Ctrl-C, which torchrun may still be
+    forwarding::
+
+        try:
+            train()
+        except Exception as error:
+            wait_for_forwarded_ctrl_c(error)  # raises KeyboardInterrupt if Ctrl-C ended the peer
+            raise                             # a peer that crashed, or any other failure
+
+    The signal arrives as ``KeyboardInterrupt``, raised from here with ``error`` as its context,
+    and the caller's own Ctrl-C handling takes over. Returns at once for other errors, off the
+    main thread, or where Ctrl-C raises nothing (SIGINT ignored, or its default action, which
+    ends the process at once); after ``wait_s`` when no signal came: then the peer really
+    failed, and the caller re-raises ``error``."""
+    if not (isinstance(wait_s, (int, float)) and 0 <= wait_s < math.inf):
+        raise ValueError(f"wait_s={wait_s!r}: give the seconds to wait for a forwarded Ctrl-C (a number >= 0)")
+    if threading.current_thread() is not threading.main_thread() or not callable(signal.getsignal(signal.SIGINT)):
+        return
+    if not peer_left(error):
+        return
+    time.sleep(wait_s)  # a SIGINT ends the sleep: its handler raises KeyboardInterrupt here

@@ -2,7 +2,8 @@
 signals and a real TCPStore: a main thread stuck in a store ``get`` (as a rank is in a
 rendezvous its peer left) is ended 130 after the grace; one that takes the signal in Python
 cleans up for as long as it needs; under torchrun, Ctrl-C with one rank in C++ ends the job in
-seconds, not torchrun's 30; bad calls are refused with the reason."""
+seconds, not torchrun's 30; a rank whose peer took Ctrl-C and left before this rank's own
+signal came takes that signal, late, without a traceback; bad calls are refused with the reason."""
 
 from __future__ import annotations
 
@@ -72,9 +73,10 @@ def test_a_main_thread_that_takes_ctrl_c_cleans_up_past_the_grace():
 
 
 def test_under_torchrun_ctrl_c_with_a_rank_in_cxx_ends_the_job_in_seconds(tmp_path):
-    """Ctrl-C as a terminal sends it, to torchrun and both ranks (their process group), once
-    each rank waits: rank 0 takes it in Python, rank 1 is ended by the guard 3 s later, and
-    torchrun, whose grace for its ranks is 30 s, ends with them."""
+    """Ctrl-C as a terminal sends it, to torchrun's process group, once each rank waits; torchrun
+    forwards it to each rank (each in a session of its own): rank 0 takes it in Python, rank 1
+    is ended by the guard 3 s later, and torchrun, whose grace for its ranks is 30 s, ends with
+    them."""
     output = tmp_path / "out.txt"
     with output.open("w") as sink:
         job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -140,3 +142,119 @@ def test_bad_calls_are_refused_with_the_reason_and_change_nothing():
     assert owned.startswith("RuntimeError: the signal wakeup fd is already in use") and "asyncio" in owned
     assert kept == "True"
 
+
+
+#: Two ranks of a gloo group, plain processes with the ``env://`` variables (torchrun's agent
+#: would end rank 1 itself once rank 0 has gone). Rank 0 leaves as a rank that took Ctrl-C
+#: does; rank 1 waits in a barrier, which fails as rank 0 goes, and then waits (``wait_s``, the
+#: first argument) for its own Ctrl-C, which the test may send as torchrun would: late.
+PEER_LEAVES = textwrap.dedent("""
+    import signal, sys, time
+    import torch.distributed as dist
+    from ddp_ring_hooks.interrupts import wait_for_forwarded_ctrl_c
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (see WAITER)
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 0:
+        sys.exit(130)
+    try:
+        try:
+            dist.barrier()
+        except Exception as error:
+            print("the barrier failed", flush=True)
+            began = time.monotonic()
+            try:
+                wait_for_forwarded_ctrl_c(error, float(sys.argv[1]))
+            finally:
+                print(f"waited {time.monotonic() - began:.1f} s", flush=True)
+            raise
+    except KeyboardInterrupt as interrupt:
+        print(f"took Ctrl-C, raised during {type(interrupt.__context__).__name__}", flush=True)
+        sys.exit(130)
+""")
+
+
+def _peer_leaves(wait_s: float, ctrl_c_after_s: float | None) -> subprocess.CompletedProcess:
+    """Run PEER_LEAVES; SIGINT rank 1 ``ctrl_c_after_s`` after rank 0 has exited (None: never).
+    Returns rank 1's result."""
+    from tests.scripts.train_with_hook import free_port, loopback_environment
+
+    port = free_port()
+    ranks = [subprocess.Popen([sys.executable, "-c", PEER_LEAVES, str(wait_s)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**loopback_environment(), **checkout_environment(), "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": "2"})
+             for rank in range(2)]
+    try:
+        assert ranks[0].wait(timeout=60) == 130, ranks[0].communicate()
+        if ctrl_c_after_s is not None:
+            time.sleep(ctrl_c_after_s)
+            ranks[1].send_signal(signal.SIGINT)
+        out, err = ranks[1].communicate(timeout=60)
+        return subprocess.CompletedProcess(ranks[1].args, ranks[1].returncode, out, err)
+    finally:
+        for rank in ranks:
+            rank.kill()
+
+
+def test_a_rank_whose_peer_left_first_takes_its_own_late_ctrl_c_without_a_traceback():
+    """torchrun forwards Ctrl-C rank by rank: rank 1's arrives after rank 0 has gone (1 s here)."""
+    done = _peer_leaves(wait_s=20, ctrl_c_after_s=1.0)
+    assert done.returncode == 130, (done.stdout, done.stderr)
+    said = done.stdout.splitlines()
+    assert said[0] == "the barrier failed" and said[-1] == "took Ctrl-C, raised during RuntimeError", said
+    assert float(said[1].split()[1]) < 10, said  # the signal ended the wait, far before its 20 s
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_peer_that_left_without_ctrl_c_is_still_a_failure_after_the_wait():
+    done = _peer_leaves(wait_s=1.5, ctrl_c_after_s=None)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert done.stdout.splitlines()[0] == "the barrier failed"
+    assert float(done.stdout.splitlines()[1].split()[1]) >= 1.5, done.stdout
+    assert "Connection closed by peer" in done.stderr.splitlines()[-1], done.stderr[-2000:]  # the error itself
+
+
+WAIT_REFUSALS = textwrap.dedent("""
+    import signal, threading, time
+    from ddp_ring_hooks.interrupts import peer_left, wait_for_forwarded_ctrl_c
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    gone = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1")
+    try:
+        raise ValueError("a bug of the script's")
+    except ValueError as error:
+        wrapped = error
+    print(peer_left(gone), peer_left(wrapped), peer_left(RuntimeError("outer")), end=" ")
+    try:
+        try:
+            raise gone
+        except RuntimeError as inner:
+            raise RuntimeError("the bucket's exchange failed") from inner
+    except RuntimeError as outer:
+        print(peer_left(outer))  # through the chain
+    began = time.monotonic()
+    wait_for_forwarded_ctrl_c(wrapped, 30)  # another error: no wait
+    caught = []
+    thread = threading.Thread(target=lambda: caught.append(wait_for_forwarded_ctrl_c(gone, 30)))
+    thread.start(); thread.join()  # off the main thread: no wait (no signal could end it)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    wait_for_forwarded_ctrl_c(gone, 30)  # Ctrl-C ignored: nothing would come
+    print(f"{time.monotonic() - began:.1f}")
+    for bad in (-1, float("nan"), "5"):
+        try:
+            wait_for_forwarded_ctrl_c(gone, bad)
+        except ValueError as error:
+            print(error)
+""")
+
+
+def test_the_wait_is_only_for_a_peer_that_left_on_the_main_thread_and_bad_waits_are_refused():
+    done = subprocess.run([sys.executable, "-c", WAIT_REFUSALS], capture_output=True, text=True, timeout=60,
+                          env=checkout_environment())
+    assert done.returncode == 0, done.stderr
+    verdicts, waited, *refused = done.stdout.splitlines()
+    assert verdicts == "True False False True"
+    assert float(waited) < 5  # none of the three waited its 30 s
+    assert refused == [f"wait_s={bad}: give the seconds to wait for a forwarded Ctrl-C (a number >= 0)"
+                       for bad in ("-1", "nan", "'5'")]

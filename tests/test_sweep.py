@@ -67,7 +67,8 @@ def sweep(main_job_run) -> dict:
 def interrupt_a_run(output: Path) -> dict:
     """Start the short main job into ``output`` (3 rounds, no warm-up fit: its first timed fit
     starts sooner), wait until its first fit writes event files, then Ctrl-C it, as a terminal
-    does: SIGINT to torchrun and every rank at once (their process group). Returns its output,
+    does: SIGINT to torchrun's process group, and torchrun forwards it to each rank (each runs
+    in a session of its own), one after another. Returns its output,
     the run directories its new event files were in, and what ``output`` holds after it ended.
 
     Its fits train 30 steps, so the signal lands while one trains, not between two fits. With
@@ -200,7 +201,8 @@ def test_one_process_is_refused_before_training(tmp_path, capsys, monkeypatch):
 
 
 def test_ctrl_c_removes_the_partial_run_and_the_ranks_exit_without_a_traceback(sweep):
-    """Ctrl-C reaches torchrun and every rank at once (the terminal signals the process group)."""
+    """Ctrl-C reaches torchrun (the terminal signals its process group), which forwards it to
+    every rank, one after another."""
     interrupted, output = sweep["interrupted"], sweep["output"]
     out = interrupted["out"]
     assert interrupted["written_in"], f"the second run never started its first fit:\n{out[-3000:]}"
@@ -212,6 +214,40 @@ def test_ctrl_c_removes_the_partial_run_and_the_ranks_exit_without_a_traceback(s
     assert interrupted["left"] == ["version_0"]
     assert sorted(p.relative_to(output) for p in output.rglob("events.out.tfevents.*")) == sweep["first_events"]
     assert "[rank0]: Traceback" not in out and "[rank1]: Traceback" not in out, out[-3000:]
+
+
+def test_ctrl_c_that_reaches_rank_1_after_rank_0_has_left_still_ends_it_without_a_traceback(tmp_path):
+    """torchrun forwards Ctrl-C to one rank after another; on a loaded machine rank 0 once took
+    its signal and left before rank 1's came (one CI run), and rank 1's next collective died
+    with "Connection closed by peer" and a traceback. Here the ranks are plain processes with
+    torchrun's variables, so the test decides the order: SIGINT to rank 0 during the first fit,
+    and to rank 1 one second after rank 0 has exited."""
+    from tests.scripts.train_with_hook import free_port
+
+    command = main_job_command(tmp_path, "--rounds", "3", "--warmup-fit-steps", "0", "--steps", "30")
+    script = command[command.index("--nproc_per_node=2") + 1:]
+    port = free_port()
+    ranks = [subprocess.Popen([sys.executable, *script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**ENVIRONMENT, "RANK": str(rank), "LOCAL_RANK": "0", "GROUP_RANK": str(rank),
+                                   "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "late-ctrl-c"})
+             for rank in range(2)]
+    try:
+        deadline = time.monotonic() + 180
+        while not any(tmp_path.rglob("events.out.tfevents.*")) and time.monotonic() < deadline:
+            assert all(rank.poll() is None for rank in ranks), [rank.communicate()[0][-3000:] for rank in ranks]
+            time.sleep(0.2)
+        ranks[0].send_signal(signal.SIGINT)
+        first, _ = ranks[0].communicate(timeout=60)
+        time.sleep(1.0)
+        ranks[1].send_signal(signal.SIGINT)
+        second, _ = ranks[1].communicate(timeout=60)
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert ranks[0].returncode == 130 and f"removed the partial run {tmp_path / 'version_0'}" in first, first[-3000:]
+    assert ranks[1].returncode == 130 and "Traceback" not in second, second[-3000:]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_plot_is_a_png(sweep):

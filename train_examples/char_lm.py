@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from ddp_ring_hooks.interrupts import wait_for_forwarded_ctrl_c
 from ddp_ring_hooks.machine import oversubscription_warning
 from ddp_ring_hooks.telemetry.timeline import TIMELINE_FILE
 
@@ -228,12 +229,19 @@ def warn_if_oversubscribed(accelerator: str = "auto") -> None:
 
 def fit_or_interrupt(trainer: pl.Trainer, *args, **kwargs) -> None:
     """``trainer.fit``, where Ctrl-C comes out as ``KeyboardInterrupt``: Lightning catches it,
-    shuts the fit down and raises ``SystemExit(1)``, which a caller cannot tell from a failure."""
+    shuts the fit down and raises ``SystemExit(1)``, which a caller cannot tell from a failure.
+
+    Also when a peer took Ctrl-C first: torchrun forwards the signal to one rank after another,
+    and a peer that has left fails this rank's next collective ("Connection closed by peer")
+    before this rank's own signal arrives (``ddp_ring_hooks/interrupts.py``)."""
     try:
         trainer.fit(*args, **kwargs)
     except SystemExit:
         if trainer.interrupted:
             raise KeyboardInterrupt from None
+        raise
+    except Exception as error:
+        wait_for_forwarded_ctrl_c(error)  # KeyboardInterrupt if this rank's Ctrl-C comes
         raise
 
 

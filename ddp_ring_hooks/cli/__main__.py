@@ -9,7 +9,7 @@ import sys
 import threading
 
 from .. import cli
-from ..interrupts import exit_promptly_on_ctrl_c
+from ..interrupts import exit_promptly_on_ctrl_c, wait_for_forwarded_ctrl_c
 from ..launch import under_torchrun
 
 
@@ -35,9 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; return its exit code."""
     args = build_parser().parse_args(argv)
-    if under_torchrun() and threading.current_thread() is threading.main_thread():
-        exit_promptly_on_ctrl_c()  # a rank of a torchrun job (bench, links): Ctrl-C ends it even while it waits in C++
-    return int(args.func(args) or 0)
+    if not (under_torchrun() and threading.current_thread() is threading.main_thread()):
+        return int(args.func(args) or 0)
+    exit_promptly_on_ctrl_c()  # a rank of a torchrun job (bench, links): Ctrl-C ends it even while it waits in C++
+    try:
+        return int(args.func(args) or 0)
+    except Exception as error:
+        wait_for_forwarded_ctrl_c(error)  # a peer that took Ctrl-C first: this rank's is on its way
+        raise
 
 
 if __name__ == "__main__":

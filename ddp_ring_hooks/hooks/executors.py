@@ -51,6 +51,7 @@ import torch.distributed as dist
 
 from ..runtime import run_schedule
 from ..runtime.cuda_lane import wait_handed_over
+from ..runtime.daemons import backend_callback
 from ..runtime.errors import CommunicationError
 from ..runtime.group_context import GroupContext
 from ..runtime.lanes import bucket_lane
@@ -337,6 +338,7 @@ def _failed(algorithm: str, launch: Launch, run: Run, error: RuntimeError) -> to
 def _explained(algorithm: str, launch: Launch, run: Run):
     """A Future callback: the value, or the error named as the hook's failure of this bucket."""
 
+    @backend_callback  # on gloo's thread after a native or sparse collective
     def value_or_explain(done: torch.futures.Future):
         try:
             return done.value()

@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from .cuda_lane import stream_after
+from .daemons import backend_callback
 from .group_context import context_of
 from .observer import NULL_OBSERVER, ExecutionObserver
 
@@ -85,6 +86,7 @@ def run_native(
     observer.on_phase(PHASE)
     work = dist.all_reduce(sent, group=group, async_op=True)
 
+    @backend_callback  # runs on gloo's thread
     def finished(future: torch.futures.Future) -> torch.Tensor:
         future.value()  # raises the backend's error, which DDP then raises at end of backward
         if sent is not flat:

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from .collectives import backend_for
+from .daemons import backend_callback
 from .observer import NULL_OBSERVER, ExecutionObserver
 
 #: The phase sparse buckets report (one phase: the whole gather, its sums included).
@@ -97,6 +98,7 @@ def run_sparse(
         tensor.div_(dist.get_world_size(group))  # first, on the gradient as DDP made it: allreduce_hook's order
     work = dist.all_reduce(tensor, group=group, async_op=True)
 
+    @backend_callback  # runs on gloo's thread
     def finished(future: torch.futures.Future) -> torch.Tensor:
         future.value()  # raises the backend's error, which DDP then raises at the end of backward
         observer.on_finish()

@@ -82,7 +82,7 @@ from torch.distributed import distributed_c10d
 
 from ..runtime.abort import group_timeout_s
 from ..runtime.compat import group_store
-from ..runtime.daemons import stop_at_exit
+from ..runtime.daemons import backend_callback, stop_at_exit
 from ..runtime.errors import CommunicationError
 from ..runtime.group_context import context_of
 from ..runtime.observer import ExecutionObserver
@@ -140,6 +140,7 @@ def check_stall_timeout(options: TelemetryOptions, group) -> None:
         )
 
 
+@backend_callback  # on the thread that settles the guard: gloo's, after a native bucket
 def _result(future: torch.futures.Future):
     return future.value()
 

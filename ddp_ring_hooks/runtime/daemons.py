@@ -26,10 +26,11 @@ wakes DDP, and so the main thread with the error, *before* it has finished the c
 callbacks after DDP's, and the Python references the chain drops, still need the GIL. A script
 that ends at once on the error then finalizes under it, and the thread aborts the process
 ("terminate called after throwing an instance of 'std::runtime_error'", or "... without an
-active exception"): a rank the stall watchdog had failed did so in about one run of 22 here
-under load (none of 45 since), and once in CI. So each such callback is decorated :func:`backend_callback`; when
-one raises, the exit gives the threads :data:`CALLBACK_TAIL_S` after the last such failure to
-finish (the GIL is free while the main thread sleeps). A run in which nothing failed pays nothing.
+active exception"): a rank the stall watchdog had failed did so in one run of 22 here under
+load (none of 45 since), and once in CI. So each such callback is decorated
+:func:`backend_callback`; when one raises, the exit gives the threads :data:`CALLBACK_TAIL_S`
+after the last such failure to finish (the GIL is free while the main thread sleeps). A run in
+which nothing failed pays nothing.
 """
 
 from __future__ import annotations

@@ -30,18 +30,24 @@ from tests.scripts.train_with_hook import free_port, loopback_environment
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "exit_without_close.py"
 
 
-@pytest.mark.timeout(120)
-def test_a_script_that_fails_without_closing_leaves_no_thread_of_ours_at_exit(tmp_path):
-    port, world_size = free_port(), 2
-    ranks = [subprocess.Popen([sys.executable, str(SCRIPT), f"--out={tmp_path}"], stderr=subprocess.PIPE, text=True,
+def _run_two_ranks(script: Path, *args: str) -> tuple[list[subprocess.Popen], list[str]]:
+    """``script`` as ranks 0 and 1 of a gloo group (plain processes, ``env://``), to the end;
+    the processes (every one ended) and their stderr."""
+    port = free_port()
+    ranks = [subprocess.Popen([sys.executable, str(script), *args], stderr=subprocess.PIPE, text=True,
                               env={**loopback_environment(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                   "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
-             for rank in range(world_size)]
+                                   "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"})
+             for rank in range(2)]
     try:
-        errors = [rank.communicate(timeout=100)[1] for rank in ranks]
+        return ranks, [rank.communicate(timeout=100)[1] for rank in ranks]
     finally:
         for rank in ranks:
             rank.kill()
+
+
+@pytest.mark.timeout(120)
+def test_a_script_that_fails_without_closing_leaves_no_thread_of_ours_at_exit(tmp_path):
+    ranks, errors = _run_two_ranks(SCRIPT, f"--out={tmp_path}")
     for rank, (process, stderr) in enumerate(zip(ranks, errors)):
         assert process.returncode == 1, (rank, process.returncode, stderr[-3000:])  # its error, not SIGABRT (-6)
         assert "the script fails after 3 steps" in stderr, stderr[-3000:]
@@ -60,16 +66,7 @@ def test_a_script_that_ends_on_a_failed_bucket_exits_with_its_error_while_gloos_
     for the package's microseconds); the main thread ends at once. Its exit gives gloo's thread
     the time (``daemons.CALLBACK_TAIL_S``, 0.5 s after the last failed callback of ours); without
     it, the process aborted in every run ("terminate called without an active exception")."""
-    port = free_port()
-    ranks = [subprocess.Popen([sys.executable, str(AFTER_A_FAILED_BUCKET), "--tail=0.25"], stderr=subprocess.PIPE, text=True,
-                              env={**loopback_environment(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                   "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"})
-             for rank in range(2)]
-    try:
-        errors = [rank.communicate(timeout=100)[1] for rank in ranks]
-    finally:
-        for rank in ranks:
-            rank.kill()
+    ranks, errors = _run_two_ranks(AFTER_A_FAILED_BUCKET, "--tail=0.25")
     assert ranks[0].returncode == 0, errors[0][-3000:]  # it left, on purpose
     assert ranks[1].returncode == 1, (ranks[1].returncode, errors[1][-3000:])  # its error, not SIGABRT (-6)
     assert "Connection closed by peer" in errors[1] and "terminate called" not in errors[1], errors[1][-3000:]

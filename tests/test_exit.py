@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.scripts.train_with_hook import free_port, loopback_environment
+from tests.scripts.train_with_hook import env_rank_variables, free_port, loopback_environment
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "exit_without_close.py"
 
@@ -35,8 +35,7 @@ def _run_two_ranks(script: Path, *args: str) -> tuple[list[subprocess.Popen], li
     the processes (every one ended) and their stderr."""
     port = free_port()
     ranks = [subprocess.Popen([sys.executable, str(script), *args], stderr=subprocess.PIPE, text=True,
-                              env={**loopback_environment(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                   "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"})
+                              env={**loopback_environment(), **env_rank_variables(rank, port)})
              for rank in range(2)]
     try:
         return ranks, [rank.communicate(timeout=100)[1] for rank in ranks]

@@ -183,13 +183,12 @@ PEER_LEAVES = textwrap.dedent("""
 def _peer_leaves(wait_s: float, ctrl_c_after_s: float | None) -> subprocess.CompletedProcess:
     """Run PEER_LEAVES; SIGINT rank 1 ``ctrl_c_after_s`` after rank 0 has exited (None: never).
     Returns rank 1's result."""
-    from tests.scripts.train_with_hook import free_port, loopback_environment
+    from tests.scripts.train_with_hook import env_rank_variables, free_port, loopback_environment
 
     port = free_port()
     ranks = [subprocess.Popen([sys.executable, "-c", PEER_LEAVES, str(wait_s)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
-                              env={**loopback_environment(), **checkout_environment(), "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": "2"})
+                              env={**loopback_environment(), **checkout_environment(), **env_rank_variables(rank, port)})
              for rank in range(2)]
     try:
         assert ranks[0].wait(timeout=60) == 130, ranks[0].communicate()

@@ -222,15 +222,14 @@ def test_ctrl_c_that_reaches_rank_1_after_rank_0_has_left_still_ends_it_without_
     with "Connection closed by peer" and a traceback. Here the ranks are plain processes with
     torchrun's variables, so the test decides the order: SIGINT to rank 0 during the first fit,
     and to rank 1 one second after rank 0 has exited."""
-    from tests.scripts.train_with_hook import free_port
+    from tests.scripts.train_with_hook import env_rank_variables, free_port
 
     command = main_job_command(tmp_path, "--rounds", "3", "--warmup-fit-steps", "0", "--steps", "30")
     script = command[command.index("--nproc_per_node=2") + 1:]
     port = free_port()
     ranks = [subprocess.Popen([sys.executable, *script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env={**ENVIRONMENT, "RANK": str(rank), "LOCAL_RANK": "0", "GROUP_RANK": str(rank),
-                                   "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "late-ctrl-c"})
+                              env={**ENVIRONMENT, **env_rank_variables(rank, port), "LOCAL_RANK": "0",
+                                   "GROUP_RANK": str(rank), "LOCAL_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "late-ctrl-c"})
              for rank in range(2)]
     try:
         deadline = time.monotonic() + 180

@@ -64,6 +64,14 @@ def loopback_environment() -> dict[str, str]:
     return {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 
 
+def env_rank_variables(rank: int, port: int, world_size: int = 2) -> dict[str, str]:
+    """What one rank started as a plain process (no torchrun) needs to join its group by
+    ``init_method="env://"`` on this host: the variables torchrun would set. A test that starts
+    its ranks itself decides the order in which they start, fail or take a signal."""
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size)}
+
+
 def free_port() -> int:
     """A TCP port that was free on 127.0.0.1 a moment ago."""
     with socket.socket() as probe:

@@ -44,7 +44,7 @@ from .network import Network, from_probe, from_run, gather_equivalent_bytes
 from .profile import TimelineRecord, profile_run
 from .ring_order import RingOrderNote, ring_order_note
 from .sparse_verdict import sparse_verdicts
-from .latest_rank import latest_rank_wait_ms
+from .latest_rank import lateness_scale_ms, latest_rank_wait_ms
 from .step_model import Setting, StepModel, run_setting, setting_options, slowed_probe_scale
 from .step_model import priced as priced_as
 
@@ -164,7 +164,7 @@ def latest_rank(model: StepModel) -> dict | None:
     lateness, p = model.profile.arrival_lateness, model.profile.world_size
     if lateness is None:
         return None
-    return {"samples": len(lateness), "latest_seen_ms": max(lateness),
+    return {"samples": len(lateness), "latest_seen_ms": max(lateness), "scale_ms": lateness_scale_ms(lateness),
             "waits": [{"world_size": size, "wait_ms": latest_rank_wait_ms(lateness, size, p)} for size in world_sizes(p)]}
 
 
@@ -177,7 +177,8 @@ def latest_rank_note(model: StepModel) -> str:
     p = model.profile.world_size
     adds = ", ".join(f"{w['wait_ms']:+.1f} ms at {w['world_size']}" for w in found["waits"] if w["world_size"] != p)
     return (f"world_size: the wait for the latest rank, from {found['samples'] // p} steps' arrivals of this run's {p} ranks "
-            f"(up to {found['latest_seen_ms']:.1f} ms late): {adds} (a floor for worlds far larger than the samples)")
+            f"(up to {found['latest_seen_ms']:.1f} ms late; read as normal lateness of sigma {found['scale_ms']:.1f} ms, "
+            f"from their median): {adds}")
 
 
 def what_if(model: StepModel) -> list[dict]:
